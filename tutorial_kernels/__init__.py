@@ -1,0 +1,16 @@
+"""FlashAttention from the ground up: one module of Triton kernels per chapter.
+
+Every chapter exposes the same call, `fn(q, k, v, causal=False, sm_scale=None) -> o`, on tensors
+shaped (batch, heads, seq, head_dim), and is checked against the float64 reference in
+`tutorial_kernels.reference`. Importing the package compiles nothing and touches no GPU.
+"""
+
+from tutorial_kernels.runtime import choose_execution_mode
+
+# Must run before any chapter module is imported: @triton.jit reads TRITON_INTERPRET when it decorates.
+choose_execution_mode()
+
+from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention  # noqa: E402
+from tutorial_kernels.reference import reference_attention  # noqa: E402
+
+__all__ = ["eager_attention", "naive_attention", "reference_attention"]

@@ -1,0 +1,72 @@
+"""The one float64 reference that every test, notebook and benchmark compares against.
+
+    S = scale · Q Kᵀ                       (n_q × n_k scores per head)
+    P = softmax(S) row by row              (masked entries get probability 0)
+    O = P V
+
+Conventions shared by every chapter:
+
+* **Causal masks are aligned to the bottom-right**, as FlashAttention ≥ 2.1 does: query i may see
+  key j when j ≤ i + (n_k − n_q). With n_q = n_k this is the usual lower triangle. With n_q < n_k
+  (decoding with a cache) the last query sees every key. (`torch.nn.functional.scaled_dot_product_attention`
+  with `is_causal=True` aligns to the top-left instead; the two agree only when n_q = n_k.)
+* **A query that sees no key** (possible when causal and n_q > n_k) gets an output row of zeros and
+  a log-sum-exp of −∞, rather than the NaN that softmax over an all-−∞ row would give.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def causal_mask(n_q: int, n_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean (n_q, n_k) mask, True where query i may attend to key j: j ≤ i + (n_k − n_q)."""
+    rows = torch.arange(n_q, device=device)[:, None]
+    cols = torch.arange(n_k, device=device)[None, :]
+    return cols <= rows + (n_k - n_q)
+
+
+def reference_scores(
+    q: torch.Tensor, k: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> torch.Tensor:
+    """S = scale · Q Kᵀ in float64, with −∞ where the causal mask hides a key. Shape (B, H, n_q, n_k)."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    s = (q.double() @ k.double().transpose(-2, -1)) * scale  # (B, H, n_q, n_k)
+    if causal:
+        s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
+    return s
+
+
+def reference_softmax(s: torch.Tensor) -> torch.Tensor:
+    """Row softmax in float64; a row whose entries are all −∞ becomes all zeros."""
+    s = s.double()
+    row_max = s.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
+    e = torch.exp(s - row_max)  # exp(−∞) = 0 for masked entries
+    row_sum = e.sum(dim=-1, keepdim=True)
+    return torch.where(row_sum > 0, e / row_sum, torch.zeros_like(e))
+
+
+def reference_log_sum_exp(s: torch.Tensor) -> torch.Tensor:
+    """log Σ_j exp(S_ij) per row, float64; −∞ for a row that sees no key. Shape (B, H, n_q)."""
+    return torch.logsumexp(s.double(), dim=-1)
+
+
+def reference_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None
+) -> torch.Tensor:
+    """O = softmax(scale · Q Kᵀ) V in float64, on the inputs' device. Shape (B, H, n_q, head_dim)."""
+    p = reference_softmax(reference_scores(q, k, causal, sm_scale))
+    return p @ v.double()
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """‖out − ref‖ / ‖ref‖ (Frobenius norms, float64). NaN anywhere in `out` gives NaN, which fails any bound."""
+    out64, ref64 = out.double(), ref.double().to(out.device)
+    ref_norm = torch.linalg.vector_norm(ref64).item()
+    err_norm = torch.linalg.vector_norm(out64 - ref64).item()
+    if ref_norm == 0.0:
+        return err_norm  # an all-zero reference (every query masked): compare absolutely
+    return err_norm / ref_norm

@@ -1,0 +1,139 @@
+"""The kernel test harness shared by every chapter: inputs, poisoned outputs, tolerances, shapes.
+
+Rules it enforces (see the README's "How kernels are tested"):
+* inputs are fresh random normals — never zeros, which hide unwritten outputs and wrong indexing —
+  drawn from a seed that is printed in every failure message so a failure can be replayed;
+* outputs are filled with NaN before the launch, so an element the kernel forgot to write fails;
+* errors are ‖out − ref‖ / ‖ref‖ against the float64 reference, with one bound per dtype.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from tutorial_kernels.reference import relative_error
+from tutorial_kernels.runtime import default_device, interpreter_active
+
+ON_GPU = default_device().type == "cuda"
+
+SKIP_BF16_REASON = (
+    "bfloat16 runs on the GPU only: Triton's interpreter computes bf16 wrongly without an error "
+    "(NumPy has no bf16; triton-lang/triton#4972)"
+)
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Bound on ‖out − ref‖ / ‖ref‖ for one attention output in `dtype`.
+
+    float32 is exact to ~1e-6 in the interpreter, but on a GPU `tl.dot` rounds float32 operands to
+    TF32 (10-bit mantissa, error ~1e-3); float16 keeps 10 mantissa bits (unit roundoff 4.9e-4) and
+    bfloat16 7 bits (3.9e-3), and S and P are rounded to that dtype once each.
+    """
+    if dtype == torch.float32:
+        return 1e-5 if interpreter_active() else 5e-3
+    if dtype == torch.float16:
+        return 3e-3
+    if dtype == torch.bfloat16:
+        return 2e-2
+    raise TypeError(f"no tolerance for dtype {dtype}")
+
+
+def fresh_seed() -> int:
+    """A new seed for every draw; printed by `assert_close` so a failure can be replayed."""
+    return int.from_bytes(os.urandom(4), "little")
+
+
+@dataclass
+class AttentionInputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    seed: int
+
+
+def random_qkv(
+    batch: int,
+    heads: int,
+    n_q: int,
+    n_k: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device | str | None = None,
+    *,
+    seed: int | None = None,
+    layout: str = "bhnd",
+) -> AttentionInputs:
+    """Random normal q (B, H, n_q, d), k and v (B, H, n_k, d).
+
+    `layout="bnhd"` allocates (B, N, H, d) and returns a transposed view — non-contiguous tensors,
+    as Hugging Face models pass them — to check that kernels honour strides.
+    """
+    seed = fresh_seed() if seed is None else seed
+    device = default_device() if device is None else torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+
+    def draw(n: int) -> torch.Tensor:
+        if layout == "bhnd":
+            t = torch.randn(batch, heads, n, head_dim, generator=gen)
+        elif layout == "bnhd":
+            t = torch.randn(batch, n, heads, head_dim, generator=gen).transpose(1, 2)
+        else:
+            raise ValueError(f"layout must be 'bhnd' or 'bnhd', got {layout!r}")
+        return t.to(device=device, dtype=dtype)
+
+    return AttentionInputs(draw(n_q), draw(n_k), draw(n_k), seed)
+
+
+def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An output buffer full of NaN: any element the kernel fails to write stays NaN."""
+    return torch.full(shape, float("nan"), dtype=dtype, device=device)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, *, seed: int, what: str = "out") -> float:
+    """Fail unless `out` is fully written (no NaN) and within `tolerance(dtype)` of `ref`."""
+    unwritten = torch.isnan(out).sum().item()
+    assert unwritten == 0, f"{what}: {unwritten} of {out.numel()} elements are NaN (unwritten?); seed={seed}"
+    err = relative_error(out, ref)
+    bound = tolerance(dtype)
+    assert err <= bound, f"{what}: relative error {err:.3e} > {bound:.1e} for {dtype}; seed={seed}"
+    return err
+
+
+@dataclass(frozen=True)
+class Case:
+    """One attention shape to test."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+
+    @property
+    def id(self) -> str:
+        n = f"n{self.n_q}" if self.n_q == self.n_k else f"nq{self.n_q}-nk{self.n_k}"
+        return f"b{self.batch}h{self.heads}-{n}-d{self.head_dim}"
+
+
+SEQ_LENS = (1, 17, 100, 128, 257)
+HEAD_DIMS = (16, 32, 64, 80, 128)
+
+
+def attention_cases(head_dims: tuple[int, ...] = HEAD_DIMS) -> list[Case]:
+    """Shapes every chapter's forward is tested on.
+
+    On the GPU: every sequence length × every head_dim, plus longer and unequal lengths.
+    Under the interpreter (cost ∝ programs × loop steps) a covering subset: every length at d=64,
+    every head_dim at n=100, and n_q ≠ n_k both ways. batch × heads > 1 everywhere.
+    """
+    unequal = [Case(2, 3, 17, 100, 64), Case(1, 2, 100, 17, 64), Case(2, 2, 1, 257, 80), Case(1, 3, 257, 128, 32)]
+    if ON_GPU:
+        grid = [Case(2, 3, n, n, d) for n in SEQ_LENS for d in head_dims]
+        longer = [Case(2, 4, 1000, 1000, 64), Case(1, 8, 2048, 2048, 128), Case(1, 4, 1024, 3000, 80)]
+        return grid + unequal + longer
+    by_length = [Case(2, 3, n, n, 64) for n in SEQ_LENS]
+    by_dim = [Case(1, 2, 100, 100, d) for d in head_dims if d != 64]
+    return by_length + by_dim + unequal

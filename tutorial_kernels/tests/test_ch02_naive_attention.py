@@ -1,0 +1,140 @@
+"""Chapter 2: the eager PyTorch attention and the three-kernel naive Triton schedule."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tutorial_kernels.ch02_naive_attention import (
+    SOFTMAX_BLOCK,
+    attention_scores,
+    eager_attention,
+    naive_attention,
+    probs_times_values,
+    row_softmax,
+)
+from tutorial_kernels.reference import (
+    reference_attention,
+    reference_scores,
+    reference_softmax,
+    relative_error,
+)
+from tutorial_kernels.runtime import default_device
+from tutorial_kernels.testing import (
+    ON_GPU,
+    SKIP_BF16_REASON,
+    assert_close,
+    attention_cases,
+    fresh_seed,
+    poisoned,
+    random_qkv,
+)
+
+DTYPES = [
+    torch.float32,
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=SKIP_BF16_REASON)),
+]
+CASES = attention_cases()
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_naive_attention_matches_reference(case, causal, dtype):
+    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
+    out = poisoned(tuple(x.q.shape), dtype, x.q.device)
+    result = naive_attention(x.q, x.k, x.v, causal, out=out)
+    assert result is out
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_naive_attention_honours_strides_and_scale(causal):
+    # (B, N, H, d) storage viewed as (B, H, N, d), as Hugging Face passes it; a non-default scale
+    x = random_qkv(2, 3, 70, 90, 48, torch.float16, layout="bnhd")
+    assert not x.q.is_contiguous()
+    out = naive_attention(x.q, x.k, x.v, causal, sm_scale=0.3)
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal, 0.3), torch.float16, seed=x.seed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_scores_stage(causal):
+    x = random_qkv(2, 2, 100, 70, 80, torch.float32)
+    s = attention_scores(x.q, x.k, causal, out=poisoned((2, 2, 100, 70), torch.float32, x.q.device))
+    ref = reference_scores(x.q, x.k, causal)
+    hidden = torch.isinf(ref)
+    assert torch.equal(torch.isinf(s).cpu(), hidden.cpu()), f"masked entries differ; seed={x.seed}"
+    assert_close(s[~hidden], ref[~hidden], torch.float32, seed=x.seed, what="S")
+
+
+@pytest.mark.parametrize(
+    "n_cols", [1, 17, 1000, SOFTMAX_BLOCK + 1, 3 * SOFTMAX_BLOCK + 5], ids=lambda n: f"cols{n}"
+)
+def test_softmax_stage_any_row_length(n_cols):
+    seed = fresh_seed()
+    gen = torch.Generator().manual_seed(seed)
+    s = (torch.randn(3, n_cols, generator=gen) * 5).to(default_device())
+    p = row_softmax(s, out=poisoned(tuple(s.shape), torch.float32, s.device))
+    assert_close(p, reference_softmax(s), torch.float32, seed=seed, what="P")
+
+
+def test_softmax_stage_masked_rows_and_huge_magnitudes():
+    s = torch.tensor(
+        [
+            [1e4, -1e4, 0.0, 3.0],  # would overflow exp() without subtracting the row max
+            [-math.inf, 2.0, -math.inf, 2.0],  # causal-style −∞ entries
+            [-math.inf] * 4,  # a query that sees no key: zeros, not NaN
+            [-1e4, -1e4, -1e4, -1e4],
+        ],
+        device=default_device(),
+    )
+    p = row_softmax(s)
+    assert torch.isfinite(p).all()
+    assert relative_error(p, reference_softmax(s)) < 1e-6
+    assert torch.all(p[2] == 0)
+
+
+def test_pv_stage():
+    x = random_qkv(2, 3, 33, 65, 80, torch.float16)
+    p = reference_softmax(reference_scores(x.q, x.k)).to(torch.float16)
+    out = probs_times_values(p, x.v, out=poisoned((2, 3, 33, 80), torch.float16, x.q.device))
+    assert_close(out, p.double() @ x.v.double(), torch.float16, seed=x.seed, what="PV")
+
+
+def test_query_that_sees_no_key_gets_zeros():
+    x = random_qkv(1, 2, 40, 10, 32, torch.float32)  # causal with n_q > n_k: first 30 queries see nothing
+    out = naive_attention(x.q, x.k, x.v, causal=True)
+    assert torch.all(out[:, :, :30] == 0)
+    assert_close(out, reference_attention(x.q, x.k, x.v, True), torch.float32, seed=x.seed)
+
+
+# --- the eager PyTorch version (the seed's "eager SDPA") ---------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n", [1, 64, 257])
+def test_eager_matches_torch_sdpa_like_the_seed(causal, n):
+    # The ROCm blog checks its eager function against F.scaled_dot_product_attention; so do we, with
+    # n_q = n_k, where torch's top-left causal mask and our bottom-right one coincide.
+    device = "cuda" if ON_GPU else "cpu"
+    dtype = torch.float16 if ON_GPU else torch.float32
+    x = random_qkv(1, 32, n, n, 128, dtype, device)
+    eager = eager_attention(x.q, x.k, x.v, causal)
+    fused = F.scaled_dot_product_attention(x.q, x.k, x.v, is_causal=causal)
+    torch.testing.assert_close(eager, fused, rtol=1e-3, atol=1e-3, msg=lambda m: f"{m}; seed={x.seed}")
+
+
+@pytest.mark.parametrize("n_q,n_k", [(17, 100), (100, 17)])
+def test_eager_matches_reference_with_unequal_lengths(n_q, n_k):
+    x = random_qkv(2, 2, n_q, n_k, 64, torch.float32, "cpu")
+    out = eager_attention(x.q, x.k, x.v, causal=True)
+    assert_close(out, reference_attention(x.q, x.k, x.v, True), torch.float32, seed=x.seed)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the GPU run checks bfloat16 end to end; the CPU run cannot (interpreter)")
+def test_naive_and_eager_agree_on_gpu_in_bf16():
+    x = random_qkv(1, 8, 1024, 1024, 128, torch.bfloat16)
+    ref = reference_attention(x.q, x.k, x.v, True)
+    assert_close(naive_attention(x.q, x.k, x.v, True), ref, torch.bfloat16, seed=x.seed)
+    assert_close(eager_attention(x.q, x.k, x.v, True), ref, torch.bfloat16, seed=x.seed)

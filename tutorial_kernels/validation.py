@@ -1,0 +1,131 @@
+"""Input checks shared by every chapter's public attention function.
+
+A kernel given a bad pointer or shape does not fail politely: it reads out of bounds, hangs or
+returns garbage. So every public entry point first calls `check_attention_inputs`, which either
+returns the problem's sizes or raises a `ValueError`/`TypeError` that names the argument, the
+value given and what is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from tutorial_kernels.runtime import interpreter_active
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+_DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
+
+
+@dataclass(frozen=True)
+class AttentionShape:
+    """Sizes of one attention problem: q is (batch, heads, n_q, head_dim), k and v (batch, heads, n_k, head_dim)."""
+
+    batch: int
+    heads: int
+    n_q: int
+    n_k: int
+    head_dim: int
+    sm_scale: float
+
+
+def check_attention_inputs(
+    q: object,
+    k: object,
+    v: object,
+    causal: object,
+    sm_scale: object,
+    *,
+    min_head_dim: int = 16,
+    max_head_dim: int = 128,
+    runs_triton: bool = True,
+) -> AttentionShape:
+    """Validate the arguments of `fn(q, k, v, causal, sm_scale)` and return the problem's sizes.
+
+    `runs_triton=False` is for plain-PyTorch implementations, which run on any device and dtype.
+    """
+    for name, tensor in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+        if tensor.dim() != 4:
+            raise ValueError(
+                f"{name} must have 4 dimensions (batch, heads, seq, head_dim), got {tensor.dim()} "
+                f"with shape {tuple(tensor.shape)}"
+            )
+        if tensor.dtype not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name}.dtype must be {_DTYPE_NAMES}, got {tensor.dtype}")
+    assert isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+
+    for name, tensor in (("k", k), ("v", v)):
+        if tensor.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {tensor.dtype}")
+        if tensor.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}), got {tensor.device}")
+
+    batch, heads, n_q, head_dim = q.shape
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if k.shape[0] != batch or k.shape[1] != heads:
+        raise ValueError(
+            f"k must have q's batch and heads ({batch}, {heads}), got ({k.shape[0]}, {k.shape[1]})"
+        )
+    if k.shape[3] != head_dim:
+        raise ValueError(f"k's head_dim must equal q's ({head_dim}), got {k.shape[3]}")
+    n_k = k.shape[2]
+    for name, size in (("batch", batch), ("heads", heads), ("q's seq length", n_q), ("k's seq length", n_k)):
+        if size < 1:
+            raise ValueError(f"{name} must be at least 1, got {size} (q {tuple(q.shape)}, k {tuple(k.shape)})")
+    if not min_head_dim <= head_dim <= max_head_dim:
+        raise ValueError(
+            f"head_dim (q.shape[3]) must be between {min_head_dim} and {max_head_dim}, got {head_dim}"
+        )
+
+    if not isinstance(causal, bool):
+        raise TypeError(f"causal must be a bool, got {type(causal).__name__} {causal!r}")
+    if sm_scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale must be a float or None, got {type(sm_scale).__name__} {sm_scale!r}")
+    elif not (math.isfinite(sm_scale) and sm_scale > 0):
+        raise ValueError(f"sm_scale must be a finite number > 0 or None (1/sqrt(head_dim)), got {sm_scale}")
+    else:
+        scale = float(sm_scale)
+
+    if runs_triton:
+        _check_triton_device(q)
+    return AttentionShape(batch, heads, n_q, n_k, head_dim, scale)
+
+
+def _check_triton_device(q: torch.Tensor) -> None:
+    interpreting = interpreter_active()
+    if q.device.type == "cpu" and not interpreting:
+        raise ValueError(
+            "q, k and v are on the CPU but Triton's interpreter is off: move them to a CUDA device, "
+            "or set TRITON_INTERPRET=1 before importing tutorial_kernels to run on the CPU"
+        )
+    if q.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"q, k and v must be on a CUDA device (or the CPU with the interpreter), got {q.device}")
+    if interpreting and q.dtype == torch.bfloat16:
+        # NumPy has no bfloat16: the interpreter keeps bf16 as raw uint16 bits and its dot products and
+        # sums come out wrong without any error (triton-lang/triton#4972). Refuse rather than mislead.
+        raise TypeError(
+            "q.dtype torch.bfloat16 is not supported under Triton's interpreter, which computes bfloat16 "
+            "wrongly without an error; use torch.float16 or torch.float32 on the CPU, or run on a GPU"
+        )
+
+
+def check_out(out: object, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
+    """Validate a caller-supplied output buffer: right type, shape, dtype and device, and contiguous."""
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
+    if tuple(out.shape) != tuple(shape):
+        raise ValueError(f"{name} must have shape {tuple(shape)}, got {tuple(out.shape)}")
+    if out.dtype != like.dtype:
+        raise TypeError(f"{name}.dtype must be {like.dtype}, got {out.dtype}")
+    if out.device != like.device:
+        raise ValueError(f"{name} must be on {like.device}, got {out.device}")
+    if not out.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {out.stride()}")
+    return out
