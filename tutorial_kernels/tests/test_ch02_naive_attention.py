@@ -29,6 +29,7 @@ from tutorial_kernels.testing import (
     fresh_seed,
     poisoned,
     random_qkv,
+    tolerance,
 )
 
 DTYPES = [
@@ -122,7 +123,10 @@ def test_eager_matches_torch_sdpa_like_the_seed(causal, n):
     x = random_qkv(1, 32, n, n, 128, dtype, device)
     eager = eager_attention(x.q, x.k, x.v, causal)
     fused = F.scaled_dot_product_attention(x.q, x.k, x.v, is_causal=causal)
-    torch.testing.assert_close(eager, fused, rtol=1e-3, atol=1e-3, msg=lambda m: f"{m}; seed={x.seed}")
+    # The blog compares elementwise on torch.rand inputs; on mean-zero randn inputs we compare norms.
+    err = relative_error(eager, fused)
+    assert err <= tolerance(dtype), f"eager vs SDPA: relative error {err:.2e}; seed={x.seed}"
+    assert_close(eager, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
 
 
 @pytest.mark.parametrize("n_q,n_k", [(17, 100), (100, 17)])
