@@ -209,3 +209,12 @@ def memory_vs_n(data: dict | None = None, live: dict | None = None) -> go.Figure
     data = data or load_data("ch02_sweep")
     return _by_causal(data, live, lambda r: r["peak_extra_mib"], "peak extra memory of one call (MiB)",
                       "Memory vs N (B=1, H=32, d=128, fp16)", log_y=True)
+
+
+def probability_heatmap(p, title: str) -> go.Figure:
+    """One head's attention probabilities P (n_q × n_k) as a heatmap: masked keys show as 0."""
+    fig = go.Figure(go.Heatmap(z=p.double().cpu().numpy(), colorscale="Viridis", colorbar=dict(title="P_ij")))
+    fig.update_layout(title=title, template="plotly_white", height=420, width=520)
+    fig.update_xaxes(title="key j")
+    fig.update_yaxes(title="query i", autorange="reversed")
+    return fig

@@ -1,0 +1,73 @@
+"""Every notebook runs on the CPU, and its committed outputs are what today's code and data produce."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, require_tool
+
+NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
+
+
+@pytest.fixture(scope="module")
+def runner():
+    """tools/execute_notebooks.py, the one place that knows how notebooks are executed and stamped."""
+    require_tool(
+        all(importlib.util.find_spec(m) is not None for m in ("nbformat", "nbclient", "ipykernel")),
+        "nbformat, nbclient and ipykernel are needed to execute notebooks: pip install -e '.[test]'",
+    )
+    sys.path.insert(0, str(ROOT / "tools"))
+    import execute_notebooks
+
+    assert execute_notebooks.notebooks() == NOTEBOOKS
+    return execute_notebooks
+
+
+def _comparable(nb) -> list[list[dict]]:
+    """Each code cell's outputs without the parts that legitimately change between runs.
+
+    text/html holds a Plotly div with a random id; execution counts and metadata are bookkeeping.
+    """
+    cells = []
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = []
+        for out in cell.outputs:
+            if out.output_type == "stream":
+                outputs.append({"stream": out.name, "text": out.text})
+            elif out.output_type in ("display_data", "execute_result"):
+                outputs.append({k: v for k, v in out.data.items() if k != "text/html"})
+            else:
+                outputs.append({"type": out.output_type})
+        cells.append(outputs)
+    return cells
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "notebooks/ holds no chapter notebook"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_is_executed_and_not_stale(path, runner):
+    nb = runner.nbformat.read(path, as_version=4)
+    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    assert all(c.outputs for c in code_cells), f"{path.name}: a code cell has no outputs; execute the notebook"
+    assert nb.metadata.get(runner.STAMP_KEY) == runner.stamp(nb), (
+        f"{path.name} is stale: the code or data it uses changed since it was executed; "
+        "run `python tools/execute_notebooks.py` and commit the result"
+    )
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
+def test_notebook_reexecutes_to_the_committed_outputs(path, runner):
+    committed = runner.nbformat.read(path, as_version=4)
+    fresh = runner.execute(copy.deepcopy(committed), path.parent)  # raises if a cell errors
+    for index, (old, new) in enumerate(zip(_comparable(committed), _comparable(fresh))):
+        assert old == new, f"{path.name}: code cell {index} printed or drew something else than what is committed"

@@ -1,0 +1,56 @@
+"""The benchmark harness's conventions, and the integrity of the committed benchmark data."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tutorial_kernels.bench import DATA_DIR, PROVIDERS, SUITES, Shape
+from tutorial_kernels.testing import ON_GPU
+
+DATA_FILES = sorted(DATA_DIR.glob("*.json"))
+PROVENANCE_KEYS = {"gpu", "sm_count", "torch", "triton", "cuda", "date_utc", "git_commit", "command"}
+# Bound on the head-0 error a benchmarked output may have (fp16/bf16 on a GPU): a fast wrong kernel
+# must never reach a figure.
+MAX_BENCH_ERROR = {"float16": 3e-3, "bfloat16": 2e-2, "float32": 5e-3}
+
+
+def test_flop_convention():
+    # 4·B·H·N²·d: QKᵀ and PV are each 2·N²·d multiply-adds per head; causal counts half.
+    assert Shape(2, 3, 128, 64, causal=False).flops == 4 * 2 * 3 * 128 * 128 * 64
+    assert Shape(2, 3, 128, 64, causal=True).flops == 2 * 2 * 3 * 128 * 128 * 64
+
+
+def test_every_suite_names_known_providers():
+    for name, suite in SUITES.items():
+        assert set(suite.providers) <= set(PROVIDERS), name
+        assert suite.shapes, name
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the message shown on a machine without a GPU")
+def test_refuses_to_run_without_a_gpu():
+    run = subprocess.run([sys.executable, "-m", "tutorial_kernels.bench", "ch02-seed"], capture_output=True, text=True)
+    assert run.returncode == 2
+    assert "need a CUDA GPU" in run.stderr
+
+
+def test_there_is_committed_data():
+    assert DATA_FILES, "data/ holds no benchmark file"
+
+
+@pytest.mark.parametrize("path", DATA_FILES, ids=[p.name for p in DATA_FILES])
+def test_committed_data_has_provenance_and_checked_results(path: Path):
+    data = json.loads(path.read_text())
+    missing = PROVENANCE_KEYS - set(data["provenance"])
+    assert not missing, f"{path.name}: provenance lacks {sorted(missing)}"
+    assert data["provenance"]["git_commit"] != "unknown", f"{path.name}: no commit recorded"
+    for row in data["results"]:
+        assert row["status"] in ("ok", "oom", "unsupported"), row
+        if row["status"] == "ok":
+            assert row["ms"] > 0 and row["tflops"] > 0
+            assert row["rel_err_head0"] <= MAX_BENCH_ERROR[row["dtype"]], (
+                f"{path.name}: {row['provider']} at N={row['n']} was timed but its output was wrong "
+                f"(relative error {row['rel_err_head0']:.2e})"
+            )
