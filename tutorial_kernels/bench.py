@@ -30,21 +30,18 @@ import torch
 import torch.nn.functional as F
 
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention
-from tutorial_kernels.reference import reference_attention, relative_error
-from tutorial_kernels.testing import random_qkv
+from tutorial_kernels.reference import reference_attention, reference_softmax, relative_error
+from tutorial_kernels.testing import fresh_seed, random_qkv
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
 
-AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor]
-
-
 @dataclass(frozen=True)
 class Provider:
-    """One attention implementation to time, and the context it must run in."""
+    """One implementation to time, and the context it must run in (e.g. a pinned SDPA backend)."""
 
     label: str
-    fn: AttentionFn
+    fn: Callable
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
 
 
@@ -61,19 +58,42 @@ def _pinned(backend_name: str) -> Callable[[], contextlib.AbstractContextManager
     return context
 
 
+def _ch03(name: str, **options) -> Callable:
+    """A chapter 3 function, imported on first call so `bench` imports no more than it runs."""
+
+    def call(*args):
+        from tutorial_kernels import ch03_tiling_online_softmax as ch03
+
+        return getattr(ch03, name)(*args, **options)
+
+    return call
+
+
 PROVIDERS: dict[str, Provider] = {
+    # attention: fn(q, k, v, causal)
     "eager": Provider("eager PyTorch", eager_attention),
     "naive-triton": Provider("naive Triton (ch. 2)", naive_attention),
+    "online-triton": Provider("online-softmax Triton (ch. 3)", _ch03("online_softmax_attention")),
     "sdpa-default": Provider("torch SDPA (default pick)", _sdpa),
     "sdpa-flash": Provider("torch SDPA: flash", _sdpa, _pinned("FLASH_ATTENTION")),
     "sdpa-efficient": Provider("torch SDPA: mem-efficient", _sdpa, _pinned("EFFICIENT_ATTENTION")),
     "sdpa-cudnn": Provider("torch SDPA: cuDNN", _sdpa, _pinned("CUDNN_ATTENTION")),
     "sdpa-math": Provider("torch SDPA: math", _sdpa, _pinned("MATH")),
+    # matmul: fn(a, b)
+    "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
+    "triton-matmul-pointers": Provider("Triton matmul, pointer tiles (ch. 3)", _ch03("matmul", method="pointers")),
+    "triton-matmul-descriptors": Provider("Triton matmul, descriptors (ch. 3)", _ch03("matmul", method="descriptors")),
+    # softmax over rows: fn(x)
+    "torch-softmax": Provider("torch.softmax", lambda x: torch.softmax(x, dim=-1)),
+    "three-pass-softmax": Provider("three-pass softmax (ch. 2)", _ch03("three_pass_softmax_rows")),
+    "online-softmax": Provider("online softmax (ch. 3)", _ch03("online_softmax")),
 }
 
 
 @dataclass(frozen=True)
 class Shape:
+    """An attention problem: q, k, v of shape (batch, heads, n, head_dim)."""
+
     batch: int
     heads: int
     n: int
@@ -87,6 +107,82 @@ class Shape:
         full = 4.0 * self.batch * self.heads * self.n * self.n * self.head_dim
         return full * (0.5 if self.causal else 1.0)
 
+    def draw(self) -> tuple[tuple, int]:
+        x = random_qkv(self.batch, self.heads, self.n, self.n, self.head_dim, getattr(torch, self.dtype), "cuda")
+        return (x.q, x.k, x.v, self.causal), x.seed
+
+    def check(self, out: torch.Tensor, args: tuple) -> dict:
+        """One head against the float64 reference: a fast wrong kernel must not be reported."""
+        q, k, v, causal = args
+        ref = reference_attention(q[:1, :1], k[:1, :1], v[:1, :1], causal)
+        return {"rel_err_head0": relative_error(out[:1, :1], ref)}
+
+    def rates(self, ms: float) -> dict:
+        return {"tflops": self.flops / (ms * 1e-3) / 1e12}
+
+
+@dataclass(frozen=True)
+class MatmulShape:
+    """C (m, n) = A (m, k) B (k, n)."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str = "float16"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k  # one multiply and one add per (i, j, l)
+
+    @property
+    def min_bytes(self) -> int:
+        """Each input read once, C written once: the least HBM traffic any schedule can have."""
+        return (self.m * self.k + self.k * self.n + self.m * self.n) * getattr(torch, self.dtype).itemsize
+
+    def draw(self) -> tuple[tuple, int]:
+        seed = fresh_seed()
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        dtype = getattr(torch, self.dtype)
+        a = torch.randn(self.m, self.k, generator=g).to("cuda", dtype)
+        b = torch.randn(self.k, self.n, generator=g).to("cuda", dtype)
+        return (a, b), seed
+
+    def check(self, out: torch.Tensor, args: tuple) -> dict:
+        a, b = args
+        rows = slice(0, min(self.m, 256))  # 256 rows of C in float64 are plenty to catch a wrong kernel
+        return {"rel_err": relative_error(out[rows], a[rows].double() @ b.double())}
+
+    def rates(self, ms: float) -> dict:
+        return {
+            "tflops": self.flops / (ms * 1e-3) / 1e12,
+            "intensity_flop_per_byte": self.flops / self.min_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class SoftmaxShape:
+    """Softmax over the last axis of a (rows, cols) tensor."""
+
+    rows: int
+    cols: int
+    dtype: str = "float32"
+
+    @property
+    def min_bytes(self) -> int:
+        return 2 * self.rows * self.cols * getattr(torch, self.dtype).itemsize  # read x once, write y once
+
+    def draw(self) -> tuple[tuple, int]:
+        seed = fresh_seed()
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        return ((torch.randn(self.rows, self.cols, generator=g) * 3).to("cuda", getattr(torch, self.dtype)),), seed
+
+    def check(self, out: torch.Tensor, args: tuple) -> dict:
+        (x,) = args
+        return {"rel_err": relative_error(out[:64], reference_softmax(x[:64]))}
+
+    def rates(self, ms: float) -> dict:
+        return {"gb_per_s": self.min_bytes / (ms * 1e-3) / 1e9}
+
 
 @dataclass
 class Suite:
@@ -94,7 +190,7 @@ class Suite:
 
     description: str
     providers: list[str]
-    shapes: list[Shape]
+    shapes: list
     default_out: str
     notes: list[str] = field(default_factory=list)
 
@@ -113,20 +209,40 @@ SUITES: dict[str, Suite] = {
         default_out="ch02_seed.json",
         notes=["The blog draws inputs with torch.rand; we use torch.randn (never zeros, mean zero)."],
     ),
+    "ch03-matmul": Suite(
+        description="Chapter 3: tiled matmul TFLOP/s vs size (square, fp16) against torch.matmul",
+        providers=["torch-matmul", "triton-matmul-pointers", "triton-matmul-descriptors"],
+        shapes=[MatmulShape(s, s, s) for s in (256, 512, 1024, 2048, 4096, 8192)]
+        + [MatmulShape(16384, 128, 16384), MatmulShape(16384, 16384, 128)],
+        default_out="ch03_matmul.json",
+        notes=["Triton kernels are autotuned per (M, N, K); the tuning runs before timing."],
+    ),
+    "ch03-softmax": Suite(
+        description="Chapter 3: softmax bandwidth vs row length (4096 rows, fp32) against torch.softmax",
+        providers=["torch-softmax", "three-pass-softmax", "online-softmax"],
+        shapes=[SoftmaxShape(4096, c) for c in (128, 512, 1024, 4096, 16384, 65536)],
+        default_out="ch03_softmax.json",
+        notes=["GB/s counts the least traffic: x read once and y written once (2 · rows · cols · 4 bytes)."],
+    ),
+    "ch03-attention": Suite(
+        description="Chapter 3: the online-softmax attention against chapter 2 and torch (B=1, H=32, d=128, fp16)",
+        providers=["naive-triton", "online-triton", "sdpa-flash", "sdpa-cudnn"],
+        shapes=[Shape(1, 32, n, 128, causal) for causal in (False, True) for n in (1024, 4096, 16384)],
+        default_out="ch03_attention.json",
+    ),
 }
 
 
-def measure(provider: Provider, shape: Shape, *, warmup_ms: int = 25, rep_ms: int = 100) -> dict:
+def measure(provider: Provider, shape, *, warmup_ms: int = 25, rep_ms: int = 100) -> dict:
     """Check, measure memory and time one provider on one shape; never raises for OOM or refusal."""
     import triton.testing
 
-    dtype = getattr(torch, shape.dtype)
     row: dict = {"provider": provider.label, **asdict(shape)}
-    x = random_qkv(shape.batch, shape.heads, shape.n, shape.n, shape.head_dim, dtype, "cuda")
-    row["seed"] = x.seed
-    call = lambda: provider.fn(x.q, x.k, x.v, shape.causal)  # noqa: E731
+    args, row["seed"] = shape.draw()
+    call = lambda: provider.fn(*args)  # noqa: E731
     try:
         with provider.context():
+            call()  # compile and autotune outside the measured region
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -134,10 +250,8 @@ def measure(provider: Provider, shape: Shape, *, warmup_ms: int = 25, rep_ms: in
             out = call()
             torch.cuda.synchronize()
             row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
-            # one head against the float64 reference: a fast wrong kernel must not be reported
-            ref = reference_attention(x.q[:1, :1], x.k[:1, :1], x.v[:1, :1], shape.causal)
-            row["rel_err_head0"] = relative_error(out[:1, :1], ref)
-            del out, ref
+            row.update(shape.check(out, args))
+            del out
             ms = triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     except torch.OutOfMemoryError:
         row["status"] = "oom"
@@ -149,10 +263,27 @@ def measure(provider: Provider, shape: Shape, *, warmup_ms: int = 25, rep_ms: in
         row["error"] = str(err).splitlines()[0][:300]
         return row
     finally:
-        del x
+        del args
         torch.cuda.empty_cache()
-    row.update(status="ok", ms=ms, tflops=shape.flops / (ms * 1e-3) / 1e12)
+    row.update(status="ok", ms=ms, **shape.rates(ms))
     return row
+
+
+def measure_ceilings() -> dict:
+    """The two roofs every figure is drawn against, measured in the same run: HBM copy bandwidth
+    (bytes read + written) and fp16 matmul throughput (torch.matmul, 8192³, random data)."""
+    import triton.testing
+
+    src = torch.randn(2**28, device="cuda", dtype=torch.float16)  # 512 MiB, ten times the L2
+    dst = torch.empty_like(src)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    b = torch.randn(8192, 8192, device="cuda", dtype=torch.float16)
+    mm_ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
+    return {
+        "copy_tb_per_s": 2 * src.numel() * 2 / (copy_ms * 1e-3) / 1e12,
+        "matmul_fp16_tflops": 2 * 8192**3 / (mm_ms * 1e-3) / 1e12,
+    }
 
 
 def provenance(suite_name: str, argv: list[str]) -> dict:
@@ -226,6 +357,7 @@ def run_suite(name: str, out_path: Path, argv: list[str], providers: list[str] |
         "description": suite.description,
         "notes": suite.notes,
         "provenance": provenance(name, argv),
+        "ceilings": measure_ceilings(),
         "results": rows,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -234,15 +366,19 @@ def run_suite(name: str, out_path: Path, argv: list[str], providers: list[str] |
 
 
 def _summary(result: dict) -> str:
-    lines = [f"{'provider':28} {'causal':6} {'N':>6} {'ms':>9} {'TFLOP/s':>8} {'MiB':>9} {'rel.err':>8}"]
+    """One line per measurement: the provider, the shape, the time, the rate and the check."""
+    lines = []
     for r in result["results"]:
+        shape = " ".join(f"{k}={v}" for k, v in r.items() if k in ("n", "causal", "m", "k", "rows", "cols"))
         if r["status"] != "ok":
-            lines.append(f"{r['provider']:28} {str(r['causal']):6} {r['n']:>6} {r['status']:>9}")
+            lines.append(f"{r['provider']:40} {shape:26} {r['status']}")
             continue
-        lines.append(
-            f"{r['provider']:28} {str(r['causal']):6} {r['n']:>6} {r['ms']:9.3f} {r['tflops']:8.1f} "
-            f"{r['peak_extra_mib']:9.1f} {r['rel_err_head0']:8.1e}"
-        )
+        rate = f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else f"{r['gb_per_s']:7.0f} GB/s"
+        err = r.get("rel_err_head0", r.get("rel_err"))
+        lines.append(f"{r['provider']:40} {shape:26} {r['ms']:9.3f} ms {rate} {r['peak_extra_mib']:9.1f} MiB err {err:.1e}")
+    if "ceilings" in result:
+        c = result["ceilings"]
+        lines.append(f"ceilings: copy {c['copy_tb_per_s']:.2f} TB/s, fp16 matmul {c['matmul_fp16_tflops']:.0f} TFLOP/s")
     return "\n".join(lines)
 
 
