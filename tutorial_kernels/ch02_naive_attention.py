@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels.reference import causal_mask
-from tutorial_kernels.validation import check_attention_inputs, check_out
+from tutorial_kernels.validation import check_attention_inputs, check_out, check_triton_tensor
 
 
 # --8<-- [start:eager]
@@ -35,7 +35,7 @@ def eager_attention(
 ) -> torch.Tensor:
     """softmax(scale · Q Kᵀ) V in plain PyTorch; every intermediate is a full tensor in memory."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, runs_triton=False)
-    # In-place scaling and masking, as the ROCm blog's version does: one N² tensor instead of three.
+    # Scale and mask in place (the ROCm blog masks in place too): one N² buffer instead of three.
     scores = (q @ k.transpose(-2, -1)).mul_(shape.sm_scale)  # (B, H, n_q, n_k): the first N² tensor
     if causal:
         visible = causal_mask(shape.n_q, shape.n_k, q.device)  # (n_q, n_k), bottom-right aligned
@@ -61,7 +61,7 @@ def _scores_kernel(
     """One program computes one BLOCK_M × BLOCK_N tile of S = scale · Q Kᵀ for one (batch, head)."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
-    pid_bh = tl.program_id(2)
+    pid_bh = tl.program_id(2).to(tl.int64)  # 64-bit: batch · stride_qb passes 2³¹ on large inputs
     batch = pid_bh // n_heads
     head = pid_bh % n_heads
 
@@ -89,11 +89,11 @@ def _scores_kernel(
         visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)
         s = tl.where(visible, s, float("-inf"))
 
-    # S is contiguous (B·H, n_q, n_k). Its size passes 2³¹ elements at long sequences, so the
-    # offset of this head's slab is computed in 64-bit integers.
-    s_head_ptr = s_ptr + pid_bh.to(tl.int64) * n_q * n_k
+    # S is contiguous (B·H, n_q, n_k). It passes 2³¹ elements at long sequences (and one head's
+    # slab does once n_q·n_k ≥ 2³¹), so every offset into it is computed in 64-bit integers.
+    s_head_ptr = s_ptr + pid_bh * n_q * n_k
     tl.store(
-        s_head_ptr + offs_m[:, None] * n_k + offs_n[None, :],
+        s_head_ptr + offs_m[:, None].to(tl.int64) * n_k + offs_n[None, :],
         s.to(s_ptr.dtype.element_ty),
         mask=(offs_m[:, None] < n_q) & (offs_n[None, :] < n_k),
     )
@@ -152,14 +152,14 @@ def _pv_kernel(
 ):
     """One program computes BLOCK_M full rows of O = P V, walking the key axis in BLOCK_N steps."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # 64-bit offsets, as in _scores_kernel
     batch = pid_bh // n_heads
     head = pid_bh % n_heads
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
-    p_rows_ptr = p_ptr + pid_bh.to(tl.int64) * n_q * n_k + offs_m[:, None] * n_k  # P is contiguous
+    p_rows_ptr = p_ptr + pid_bh * n_q * n_k + offs_m[:, None].to(tl.int64) * n_k  # P is contiguous
     v_head_ptr = v_ptr + batch * stride_vb + head * stride_vh
 
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
@@ -216,8 +216,11 @@ def attention_scores(
 
 def row_softmax(s: torch.Tensor, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """Stage 2: P = softmax(S) over the last axis; a row that is all −∞ becomes all zeros."""
-    if not isinstance(s, torch.Tensor) or not s.is_contiguous() or s.dim() < 1 or s.numel() == 0:
-        raise ValueError("s must be a non-empty contiguous torch.Tensor (the output of attention_scores)")
+    if not isinstance(s, torch.Tensor):
+        raise TypeError(f"s must be a torch.Tensor, got {type(s).__name__}")
+    if s.dim() < 1 or s.numel() == 0 or not s.is_contiguous():
+        raise ValueError(f"s must be non-empty and contiguous, got shape {tuple(s.shape)}, strides {s.stride()}")
+    check_triton_tensor(s, "s")
     p = torch.empty_like(s) if out is None else check_out(out, "out", tuple(s.shape), s)
     n_cols = s.shape[-1]
     n_rows = s.numel() // n_cols
@@ -229,6 +232,12 @@ def probs_times_values(
     p: torch.Tensor, v: torch.Tensor, *, out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """Stage 3: O = P V, (B, H, n_q, head_dim) in v's dtype."""
+    for name, t in (("p", p), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D torch.Tensor, got {getattr(t, 'shape', type(t).__name__)}")
+    if p.device != v.device:
+        raise ValueError(f"p must be on v's device ({v.device}), got {p.device}")
+    check_triton_tensor(v, "v")
     B, H, n_k, d = v.shape
     n_q = p.shape[2]
     if not p.is_contiguous() or tuple(p.shape) != (B, H, n_q, n_k) or p.dtype != v.dtype:

@@ -30,7 +30,7 @@ import triton.language as tl
 
 from tutorial_kernels.ch02_naive_attention import row_softmax as three_pass_softmax
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.validation import SUPPORTED_DTYPES, check_attention_inputs, check_out
+from tutorial_kernels.validation import SUPPORTED_DTYPES, check_attention_inputs, check_out, check_triton_tensor
 
 
 # --8<-- [start:tile_order]
@@ -186,7 +186,7 @@ def _check_matmul_inputs(a: object, b: object) -> None:
         raise ValueError(f"a's columns ({a.shape[1]}) must equal b's rows ({b.shape[0]})")
     if 0 in a.shape or 0 in b.shape:
         raise ValueError(f"a and b must be non-empty, got {tuple(a.shape)} and {tuple(b.shape)}")
-    _check_runs_here(a)
+    check_triton_tensor(a, "a")
 
 
 # --8<-- [start:online_softmax_kernel]
@@ -245,14 +245,7 @@ def _check_rows(x: object) -> None:
         raise ValueError(f"x must have at least one non-empty axis, got shape {tuple(x.shape)}")
     if not x.is_contiguous():
         raise ValueError(f"x must be contiguous (call .contiguous()), got strides {x.stride()}")
-    _check_runs_here(x)
-
-
-def _check_runs_here(t: torch.Tensor) -> None:
-    if t.device.type == "cpu" and not interpreter_active():
-        raise ValueError("the tensors are on the CPU but Triton's interpreter is off: move them to a CUDA device")
-    if interpreter_active() and t.dtype == torch.bfloat16:
-        raise TypeError("torch.bfloat16 is not supported under Triton's interpreter, which computes it wrongly")
+    check_triton_tensor(x, "x")
 
 
 # --8<-- [start:attention_kernel]
@@ -268,7 +261,7 @@ def _online_attention_kernel(
 ):
     """BLOCK_M queries attend to all keys; S and P live in registers, one BLOCK_N tile at a time."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
+    pid_bh = tl.program_id(1).to(tl.int64)  # 64-bit: batch · stride_qb passes 2³¹ on large inputs
     batch = pid_bh // n_heads
     head = pid_bh % n_heads
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

@@ -94,24 +94,26 @@ def check_attention_inputs(
         scale = float(sm_scale)
 
     if runs_triton:
-        _check_triton_device(q)
+        check_triton_tensor(q, "q, k and v")
     return AttentionShape(batch, heads, n_q, n_k, head_dim, scale)
 
 
-def _check_triton_device(q: torch.Tensor) -> None:
+def check_triton_tensor(t: torch.Tensor, name: str) -> None:
+    """A Triton kernel can read `t` here: on a CUDA device, or on the CPU with the interpreter on
+    (which cannot do bfloat16)."""
     interpreting = interpreter_active()
-    if q.device.type == "cpu" and not interpreting:
+    if t.device.type == "cpu" and not interpreting:
         raise ValueError(
-            "q, k and v are on the CPU but Triton's interpreter is off: move them to a CUDA device, "
+            f"{name}: on the CPU but Triton's interpreter is off; move the tensors to a CUDA device, "
             "or set TRITON_INTERPRET=1 before importing tutorial_kernels to run on the CPU"
         )
-    if q.device.type not in ("cpu", "cuda"):
-        raise ValueError(f"q, k and v must be on a CUDA device (or the CPU with the interpreter), got {q.device}")
-    if interpreting and q.dtype == torch.bfloat16:
+    if t.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{name} must be on a CUDA device (or the CPU with the interpreter), got {t.device}")
+    if interpreting and t.dtype == torch.bfloat16:
         # NumPy has no bfloat16: the interpreter keeps bf16 as raw uint16 bits and its dot products and
         # sums come out wrong without any error (triton-lang/triton#4972). Refuse rather than mislead.
         raise TypeError(
-            "q.dtype torch.bfloat16 is not supported under Triton's interpreter, which computes bfloat16 "
+            f"{name}: dtype torch.bfloat16 is not supported under Triton's interpreter, which computes bfloat16 "
             "wrongly without an error; use torch.float16 or torch.float32 on the CPU, or run on a GPU"
         )
 

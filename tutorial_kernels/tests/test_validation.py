@@ -102,7 +102,7 @@ def test_out_buffer_is_checked():
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
     q, k, v = qkv()
     monkeypatch.setenv(INTERPRET_VARIABLE, "0")
-    with pytest.raises(ValueError, match=r"on the CPU but Triton's interpreter is off: move them to a CUDA device, or set TRITON_INTERPRET=1"):
+    with pytest.raises(ValueError, match=r"q, k and v: on the CPU but Triton's interpreter is off; move the tensors to a CUDA device, or set TRITON_INTERPRET=1"):
         naive_attention(q, k, v)
     assert eager_attention(q, k, v).shape == q.shape  # plain PyTorch runs anywhere
 
@@ -110,7 +110,7 @@ def test_cpu_tensors_without_the_interpreter(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="bfloat16 is refused only under the interpreter")
 def test_bf16_under_the_interpreter_is_refused_not_wrong():
     q, k, v = qkv(dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match=r"torch.bfloat16 is not supported under Triton's interpreter"):
+    with pytest.raises(TypeError, match=r"q, k and v: dtype torch.bfloat16 is not supported under Triton's interpreter"):
         naive_attention(q, k, v)
 
 
