@@ -31,7 +31,8 @@ def runner():
 def _comparable(nb) -> list[list[dict]]:
     """Each code cell's outputs without the parts that legitimately change between runs.
 
-    text/html holds a Plotly div with a random id; execution counts and metadata are bookkeeping.
+    text/html holds a Plotly div with a random id; execution counts and metadata are bookkeeping;
+    where a stream was cut into chunks depends on when the kernel flushed.
     """
     cells = []
     for cell in nb.cells:
@@ -40,7 +41,11 @@ def _comparable(nb) -> list[list[dict]]:
         outputs = []
         for out in cell.outputs:
             if out.output_type == "stream":
-                outputs.append({"stream": out.name, "text": out.text})
+                # the kernel may flush one print in several chunks: compare the joined text
+                if outputs and outputs[-1].get("stream") == out.name:
+                    outputs[-1]["text"] += out.text
+                else:
+                    outputs.append({"stream": out.name, "text": out.text})
             elif out.output_type in ("display_data", "execute_result"):
                 outputs.append({k: v for k, v in out.data.items() if k != "text/html"})
             else:

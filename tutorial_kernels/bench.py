@@ -365,6 +365,17 @@ def run_suite(name: str, out_path: Path, argv: list[str], providers: list[str] |
     return result
 
 
+def measure_subset(name: str, keep: Callable[[object], bool]) -> dict:
+    """Measure the shapes of suite `name` that `keep` selects, with all its providers, and return
+    them in the same form as a data file (not written): what a notebook overlays on the recording."""
+    suite = SUITES[name]
+    rows = [
+        measure(PROVIDERS[key], shape) | {"provider_key": key}
+        for shape in suite.shapes if keep(shape) for key in suite.providers
+    ]
+    return {"description": suite.description, "provenance": provenance(name, ["(subset, not written)"]), "results": rows}
+
+
 def _summary(result: dict) -> str:
     """One line per measurement: the provider, the shape, the time, the rate and the check."""
     lines = []

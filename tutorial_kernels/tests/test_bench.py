@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tutorial_kernels.bench import DATA_DIR, PROVIDERS, SUITES, Shape
+from tutorial_kernels.bench import DATA_DIR, PROVIDERS, SUITES, Shape, measure_subset
 from tutorial_kernels.testing import ON_GPU
 
 DATA_FILES = sorted(DATA_DIR.glob("*.json"))
@@ -60,3 +60,12 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
             assert err <= MAX_BENCH_ERROR[row["dtype"]], (
                 f"{path.name}: {row['provider']} was timed but its output was wrong (relative error {err:.2e}): {row}"
             )
+
+
+@pytest.mark.skipif(not ON_GPU, reason="measuring needs a CUDA GPU")
+def test_measure_subset_on_the_gpu():
+    # the notebooks' "your GPU" cells call this; every row must be measured and checked
+    result = measure_subset("ch02-seed", lambda shape: shape.n == 256)
+    assert {r["provider_key"] for r in result["results"]} == set(SUITES["ch02-seed"].providers)
+    for row in result["results"]:
+        assert row["status"] == "ok" and row["rel_err_head0"] < MAX_BENCH_ERROR["float16"], row
