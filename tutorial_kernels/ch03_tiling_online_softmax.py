@@ -1,8 +1,9 @@
 """Chapter 3 — tiling and the online softmax: the two ideas FlashAttention is built from.
 
-1. `matmul`: a tiled matrix product with block pointers (`tl.make_block_ptr`, `tl.advance`). Each
-   program owns one BLOCK_M × BLOCK_N tile of C and walks the K axis, so A and B are read from HBM
-   in tiles that fit in SRAM and C is written once.
+1. `matmul`: a tiled matrix product, written twice: with explicit pointer tiles and masks, and with
+   tensor descriptors — the successor of the block pointers (`tl.make_block_ptr`, `tl.advance`) that
+   Triton 3.9 removed. Each program owns one BLOCK_M × BLOCK_N tile of C and walks the K axis, so A
+   and B are read from HBM in tiles that fit in SRAM and C is written once.
 2. Softmax three ways over rows of any length:
    * three passes (chapter 2's `row_softmax`): find the max, sum the exponentials, write;
    * `online_softmax`: the max and the sum in ONE pass, rescaling the running sum whenever the
@@ -129,8 +130,9 @@ _matmul_descriptor_tuned = triton.autotune(configs=_matmul_configs(), key=["M", 
 
 
 def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    # Descriptors built inside a kernel need a little global memory for the TMA descriptor itself.
-    return torch.empty(size, dtype=torch.int8, device="cuda")
+    # Descriptors built inside a kernel need a little global memory for the TMA descriptor itself,
+    # on the device the kernel is launched on (the current one).
+    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
 
 
 def descriptor_compatible(t: torch.Tensor) -> bool:
@@ -161,6 +163,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, method: str = "auto") -> torch.T
     use_descriptors = method == "descriptors" or (method == "auto" and fits and descriptor_compatible(c))
     if use_descriptors:
         if a.is_cuda:
+            # process-wide: this replaces any allocator set before (ours only hands out scratch bytes)
             triton.set_allocator(_descriptor_scratch)
         _matmul_descriptor_tuned[grid](a, b, c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     else:

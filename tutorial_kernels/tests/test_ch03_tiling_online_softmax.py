@@ -1,4 +1,4 @@
-"""Chapter 3: tiled matmul with block pointers, softmax three ways, and the online-softmax attention."""
+"""Chapter 3: tiled matmul (pointer tiles and tensor descriptors), softmax three ways, online-softmax attention."""
 
 import math
 
