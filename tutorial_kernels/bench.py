@@ -233,6 +233,67 @@ SUITES: dict[str, Suite] = {
 }
 
 
+# --- chapter 1: reductions -----------------------------------------------------------------------
+
+
+def _ch01(name: str, **options) -> Callable:
+    """A chapter 1 function, imported on first call (the CUDA one compiles on its first call)."""
+
+    def call(*args):
+        from tutorial_kernels import ch01_gpu_hierarchy as ch01
+
+        return getattr(ch01, name)(*args, **options)
+
+    return call
+
+
+PROVIDERS.update({
+    # reductions: fn(x) -> float32 scalar
+    "torch-sum": Provider("torch.sum (float32 accumulation)", lambda x: torch.sum(x, dtype=torch.float32)),
+    "triton-sum": Provider("Triton sum, repeated passes (ch. 1)", _ch01("triton_sum")),
+    "triton-sum-atomic": Provider("Triton sum, atomics (ch. 1)", _ch01("triton_sum", method="atomic")),
+    "cuda-sum": Provider("CUDA warp-shuffle sum (ch. 1)", _ch01("cuda_sum")),
+})
+
+
+@dataclass(frozen=True)
+class ReductionShape:
+    """Σ x_i over a vector of n elements."""
+
+    n: int
+    dtype: str = "float32"
+
+    @property
+    def min_bytes(self) -> int:
+        return self.n * getattr(torch, self.dtype).itemsize  # x read once; the one float written is noise
+
+    def draw(self) -> tuple[tuple, int]:
+        seed = fresh_seed()
+        g = torch.Generator(device="cuda").manual_seed(seed)  # drawn on the GPU: 2²⁸ normals on a CPU take seconds
+        return (torch.randn(self.n, generator=g, device="cuda").to(getattr(torch, self.dtype)),), seed
+
+    def check(self, out: torch.Tensor, args: tuple) -> dict:
+        from tutorial_kernels.ch01_gpu_hierarchy import reduction_error
+
+        (x,) = args
+        return {"rel_err": reduction_error(out, x)}  # |s − Σx| / Σ|x|, Σx in float64
+
+    def rates(self, ms: float) -> dict:
+        return {"gb_per_s": self.min_bytes / (ms * 1e-3) / 1e9}
+
+
+SUITES["ch01-reduction"] = Suite(
+    description="Chapter 1: sum-reduction bandwidth vs length, Triton and CUDA against torch.sum",
+    providers=["torch-sum", "triton-sum", "triton-sum-atomic", "cuda-sum"],
+    shapes=[ReductionShape(n, dtype) for dtype in ("float32", "float16")
+            for n in sorted([2**k for k in range(10, 29, 2)] + [1_000_003])],
+    default_out="ch01_reduction.json",
+    notes=["GB/s counts the bytes read, n · itemsize; the copy ceiling counts bytes read + written.",
+           "rel_err is |s − Σx| / Σ|x| with Σx from torch.sum in float64 (reduction_error).",
+           "The CUDA kernel is compiled by torch.utils.cpp_extension.load_inline before timing."],
+)
+
+
 def measure(provider: Provider, shape, *, warmup_ms: int = 25, rep_ms: int = 100) -> dict:
     """Check, measure memory and time one provider on one shape; never raises for OOM or refusal."""
     import triton.testing
@@ -274,6 +335,10 @@ def measure_ceilings() -> dict:
     (bytes read + written) and fp16 matmul throughput (torch.matmul, 8192³, random data)."""
     import triton.testing
 
+    # An idle H100 sits at a few hundred MHz and takes a moment to clock up: a second of matmuls
+    # first, so neither the ceilings nor the suite's first shapes are measured on a cold GPU.
+    warm = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+    triton.testing.do_bench(lambda: warm @ warm, warmup=1000, rep=10)
     src = torch.randn(2**28, device="cuda", dtype=torch.float16)  # 512 MiB, ten times the L2
     dst = torch.empty_like(src)
     copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
@@ -352,12 +417,13 @@ def run_suite(name: str, out_path: Path, argv: list[str], providers: list[str] |
     suite = SUITES[name]
     chosen = providers or suite.providers
     jobs = [(p, s) for s in suite.shapes for p in chosen]
+    ceilings = measure_ceilings()  # first: it also brings an idle GPU up to its working clocks
     rows = [measure(PROVIDERS[p], s) | {"provider_key": p} for p, s in _progress(jobs, name)]
     result = {
         "description": suite.description,
         "notes": suite.notes,
         "provenance": provenance(name, argv),
-        "ceilings": measure_ceilings(),
+        "ceilings": ceilings,
         "results": rows,
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
