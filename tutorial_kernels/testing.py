@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import pytest
 import torch
 
-from tutorial_kernels.reference import relative_error
+from tutorial_kernels.reference import reference_attention, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
 
 ON_GPU = default_device().type == "cuda"
@@ -23,6 +24,14 @@ SKIP_BF16_REASON = (
     "bfloat16 runs on the GPU only: Triton's interpreter computes bf16 wrongly without an error "
     "(NumPy has no bf16; triton-lang/triton#4972)"
 )
+
+
+# The dtypes every kernel is tested in; bfloat16 only where it can be computed right (the GPU).
+KERNEL_DTYPES = [
+    torch.float32,
+    torch.float16,
+    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=SKIP_BF16_REASON)),
+]
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -100,6 +109,15 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, *, se
     bound = tolerance(dtype)
     assert err <= bound, f"{what}: relative error {err:.3e} > {bound:.1e} for {dtype}; seed={seed}"
     return err
+
+
+def check_attention(fn, case: "Case", causal: bool, dtype: torch.dtype) -> None:
+    """The check every chapter's `fn(q, k, v, causal, sm_scale, *, out)` passes on one shape:
+    fresh inputs, a NaN-poisoned `out` that must come back fully written, the float64 reference."""
+    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
+    out = poisoned(tuple(x.q.shape), dtype, x.q.device)
+    assert fn(x.q, x.k, x.v, causal, out=out) is out, "the result must be the out= buffer"
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
 
 
 @dataclass(frozen=True)

@@ -22,33 +22,25 @@ from tutorial_kernels.reference import (
 )
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.testing import (
+    KERNEL_DTYPES,
     ON_GPU,
-    SKIP_BF16_REASON,
     assert_close,
     attention_cases,
+    check_attention,
     fresh_seed,
     poisoned,
     random_qkv,
     tolerance,
 )
 
-DTYPES = [
-    torch.float32,
-    torch.float16,
-    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=SKIP_BF16_REASON)),
-]
 CASES = attention_cases()
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_naive_attention_matches_reference(case, causal, dtype):
-    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
-    out = poisoned(tuple(x.q.shape), dtype, x.q.device)
-    result = naive_attention(x.q, x.k, x.v, causal, out=out)
-    assert result is out
-    assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
+    check_attention(naive_attention, case, causal, dtype)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

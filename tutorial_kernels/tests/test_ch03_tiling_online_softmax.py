@@ -16,21 +16,18 @@ from tutorial_kernels.ch03_tiling_online_softmax import (
 from tutorial_kernels.reference import reference_attention, reference_softmax, relative_error
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.testing import (
+    KERNEL_DTYPES,
     ON_GPU,
-    SKIP_BF16_REASON,
     assert_close,
     attention_cases,
+    check_attention,
     fresh_seed,
     poisoned,
     random_qkv,
 )
 
 DEVICE = default_device()
-DTYPES = [
-    torch.float32,
-    torch.float16,
-    pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=SKIP_BF16_REASON)),
-]
+DTYPES = KERNEL_DTYPES
 SOFTMAXES = [three_pass_softmax_rows, online_softmax]
 
 
@@ -157,9 +154,7 @@ CASES = attention_cases()
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_online_attention_matches_reference(case, causal, dtype):
-    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
-    out = online_softmax_attention(x.q, x.k, x.v, causal, out=poisoned(tuple(x.q.shape), dtype, x.q.device))
-    assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
+    check_attention(online_softmax_attention, case, causal, dtype)
 
 
 def test_online_attention_strides_scale_and_empty_rows():
