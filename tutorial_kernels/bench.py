@@ -58,6 +58,17 @@ def _pinned(backend_name: str) -> Callable[[], contextlib.AbstractContextManager
     return context
 
 
+def _chapter(module: str, name: str, **options) -> Callable:
+    """A chapter's function, imported on first call so `bench` imports no more than it runs."""
+
+    def call(*args):
+        import importlib
+
+        return getattr(importlib.import_module(f"tutorial_kernels.{module}"), name)(*args, **options)
+
+    return call
+
+
 def _ch03(name: str, **options) -> Callable:
     """A chapter 3 function, imported on first call so `bench` imports no more than it runs."""
 
@@ -79,6 +90,8 @@ PROVIDERS: dict[str, Provider] = {
     "sdpa-efficient": Provider("torch SDPA: mem-efficient", _sdpa, _pinned("EFFICIENT_ATTENTION")),
     "sdpa-cudnn": Provider("torch SDPA: cuDNN", _sdpa, _pinned("CUDNN_ATTENTION")),
     "sdpa-math": Provider("torch SDPA: math", _sdpa, _pinned("MATH")),
+    "flash-v2-triton": Provider("FlashAttention-2 Triton, teaching (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2")),
+    "flash-v2-tuned": Provider("FlashAttention-2 Triton, tuned (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned")),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
     "triton-matmul-pointers": Provider("Triton matmul, pointer tiles (ch. 3)", _ch03("matmul", method="pointers")),
@@ -195,6 +208,15 @@ class Suite:
     notes: list[str] = field(default_factory=list)
 
 
+def _fa2_paper_shapes(head_dims, lengths, dtypes=("float16", "bfloat16")) -> list[Shape]:
+    """The FlashAttention-2 paper's convention: 16k tokens per batch (B = 16384 / N) and a hidden
+    size of 2048 (H = 2048 / d), so every point does comparable total work."""
+    return [
+        Shape(16384 // n, 2048 // d, n, d, causal, dtype)
+        for dtype in dtypes for d in head_dims for causal in (False, True) for n in lengths
+    ]
+
+
 SUITES: dict[str, Suite] = {
     "ch02-sweep": Suite(
         description="Chapter 2: time, TFLOP/s and peak extra memory vs N (B=1, H=32, d=128, fp16)",
@@ -208,6 +230,20 @@ SUITES: dict[str, Suite] = {
         shapes=[Shape(1, 32, n, 128, True) for n in range(256, 4096 + 1, 256)],
         default_out="ch02_seed.json",
         notes=["The blog draws inputs with torch.rand; we use torch.randn (never zeros, mean zero)."],
+    ),
+    "ch05-fwd": Suite(
+        description="Chapter 5: FlashAttention-2 forward vs torch's backends, FA2 paper convention "
+        "(B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",
+        providers=["flash-v2-triton", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn"],
+        shapes=_fa2_paper_shapes((64, 128), (512, 1024, 2048, 4096, 8192, 16384)),
+        default_out="ch05_fwd.json",
+        notes=["The tuned kernel is autotuned per shape before timing; the teaching kernel runs one fixed config."],
+    ),
+    "ch05-fwd-d256": Suite(
+        description="Chapter 5: FlashAttention-2 forward at head_dim 256 (B·N = 16384, H = 8), fp16",
+        providers=["flash-v2-triton", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn"],
+        shapes=_fa2_paper_shapes((256,), (1024, 4096, 16384), dtypes=("float16",)),
+        default_out="ch05_fwd_d256.json",
     ),
     "ch03-matmul": Suite(
         description="Chapter 3: tiled matmul TFLOP/s vs size (square, fp16) against torch.matmul",

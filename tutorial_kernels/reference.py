@@ -28,11 +28,22 @@ def causal_mask(n_q: int, n_k: int, device: torch.device | str = "cpu") -> torch
     return cols <= rows + (n_k - n_q)
 
 
+def expand_kv_heads(t: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query attention: repeat each of k's (or v's) heads for the query heads it serves.
+
+    With kv_heads key/value heads and `heads` query heads, query head h reads key/value head
+    h // (heads // kv_heads), so kv head g is repeated heads // kv_heads times, consecutively.
+    """
+    kv_heads = t.shape[1]
+    return t if kv_heads == heads else t.repeat_interleave(heads // kv_heads, dim=1)
+
+
 def reference_scores(
     q: torch.Tensor, k: torch.Tensor, causal: bool = False, sm_scale: float | None = None
 ) -> torch.Tensor:
     """S = scale · Q Kᵀ in float64, with −∞ where the causal mask hides a key. Shape (B, H, n_q, n_k)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    k = expand_kv_heads(k, q.shape[1])
     s = (q.double() @ k.double().transpose(-2, -1)) * scale  # (B, H, n_q, n_k)
     if causal:
         s = s.masked_fill(~causal_mask(q.shape[-2], k.shape[-2], q.device), -math.inf)
@@ -59,7 +70,7 @@ def reference_attention(
 ) -> torch.Tensor:
     """O = softmax(scale · Q Kᵀ) V in float64, on the inputs' device. Shape (B, H, n_q, head_dim)."""
     p = reference_softmax(reference_scores(q, k, causal, sm_scale))
-    return p @ v.double()
+    return p @ expand_kv_heads(v, q.shape[1]).double()
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

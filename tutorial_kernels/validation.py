@@ -21,7 +21,11 @@ _DTYPE_NAMES = "torch.float16, torch.bfloat16 or torch.float32"
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """Sizes of one attention problem: q is (batch, heads, n_q, head_dim), k and v (batch, heads, n_k, head_dim)."""
+    """Sizes of one attention problem: q is (batch, heads, n_q, head_dim), k and v (batch, kv_heads, n_k, head_dim).
+
+    kv_heads equals heads except under grouped-query attention, where each of the kv_heads key/value
+    heads serves heads // kv_heads consecutive query heads (kv_heads = 1 is multi-query attention).
+    """
 
     batch: int
     heads: int
@@ -29,6 +33,16 @@ class AttentionShape:
     n_k: int
     head_dim: int
     sm_scale: float
+    kv_heads: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head."""
+        return self.heads // self.kv_heads
 
 
 def check_attention_inputs(
@@ -41,10 +55,12 @@ def check_attention_inputs(
     min_head_dim: int = 16,
     max_head_dim: int = 128,
     runs_triton: bool = True,
+    allow_gqa: bool = False,
 ) -> AttentionShape:
     """Validate the arguments of `fn(q, k, v, causal, sm_scale)` and return the problem's sizes.
 
     `runs_triton=False` is for plain-PyTorch implementations, which run on any device and dtype.
+    `allow_gqa=True` accepts k and v with fewer heads than q, as long as their count divides q's.
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
@@ -67,9 +83,18 @@ def check_attention_inputs(
     batch, heads, n_q, head_dim = q.shape
     if k.shape != v.shape:
         raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
-    if k.shape[0] != batch or k.shape[1] != heads:
+    kv_heads = k.shape[1]
+    if k.shape[0] != batch:
+        raise ValueError(f"k must have q's batch ({batch}), got {k.shape[0]}")
+    if allow_gqa:
+        if kv_heads < 1 or heads % kv_heads != 0:
+            raise ValueError(
+                f"k's heads ({kv_heads}) must divide q's heads ({heads}): each key/value head serves "
+                "an equal group of query heads"
+            )
+    elif kv_heads != heads:
         raise ValueError(
-            f"k must have q's batch and heads ({batch}, {heads}), got ({k.shape[0]}, {k.shape[1]})"
+            f"k must have q's batch and heads ({batch}, {heads}), got ({k.shape[0]}, {kv_heads})"
         )
     if k.shape[3] != head_dim:
         raise ValueError(f"k's head_dim must equal q's ({head_dim}), got {k.shape[3]}")
@@ -95,7 +120,7 @@ def check_attention_inputs(
 
     if runs_triton:
         check_triton_tensor(q, "q, k and v")
-    return AttentionShape(batch, heads, n_q, n_k, head_dim, scale)
+    return AttentionShape(batch, heads, n_q, n_k, head_dim, scale, kv_heads)
 
 
 def check_triton_tensor(t: torch.Tensor, name: str) -> None:

@@ -1,0 +1,242 @@
+"""Chapter 5 — FlashAttention-2 forward (Dao 2023, Algorithm 1), in Triton.
+
+The loop order of chapter 3's online-softmax attention, made complete and fast:
+
+* grid = (query tiles, batch × heads): every query tile of every head is its own program, so even
+  one sequence of one head fills the GPU when it is long (FlashAttention-1 used batch × heads
+  programs only);
+* Q tile in the outer position, loaded once; K/V tiles in the inner loop; the output accumulator,
+  the running max m and the running sum l stay in registers until the end — one division by l
+  per row instead of a rescale-and-store per step;
+* `exp2` with log₂e folded into the scale (one MUFU.EX2 instruction instead of exp's extra multiply);
+* causal attention in two stages: key tiles wholly visible to the query tile need no mask; only
+  the tiles that cross the diagonal are masked; tiles wholly hidden are never visited;
+* the log-sum-exp of every row is written for the backward pass (chapter 6);
+* grouped-query / multi-query attention (k and v with fewer heads), n_q ≠ n_k (bottom-right causal
+  alignment), any head_dim from 16 to 256, any strides, float16 / bfloat16 / float32.
+
+Two launchers share the kernel: `flash_attn_v2` with one fixed, readable configuration (the
+teaching version), and `flash_attn_v2_tuned`, which lets Triton's autotuner pick tile sizes, warps
+and pipeline depth per shape on the GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.validation import check_attention_inputs, check_out
+
+LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
+
+
+# --8<-- [start:inner_loop]
+@triton.jit
+def _attend_to_key_tiles(
+    acc, l_i, m_i, q,
+    k_head_ptr, v_head_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
+    lo, hi,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+):
+    """Fold key tiles [lo, hi) into the running (acc, l, m) of one query tile.
+
+    MASKED=False is the fast path for tiles every row of the query tile may see in full: no causal
+    mask and no bounds check on the key axis. MASKED=True handles the tiles that cross the causal
+    diagonal or hang over the end of the keys.
+    """
+    offs_n = tl.arange(0, BLOCK_N)
+    d_ok = offs_d < head_dim
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        k_ptrs = k_head_ptr + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn
+        v_ptrs = v_head_ptr + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
+        if MASKED:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < n_k), other=0.0)
+        elif EVEN_D:
+            k_t = tl.load(k_ptrs)
+        else:
+            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+        s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
+
+        if MASKED:
+            visible = cols[None, :] < n_k  # the ragged end of the keys
+            if CAUSAL:
+                visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))  # bottom-right aligned
+            s = tl.where(visible, s * qk_scale, float("-inf"))  # now in log₂ units
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
+            p = tl.math.exp2(s - shift[:, None])
+        else:
+            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
+            shift = m_new
+            p = tl.math.exp2(s * qk_scale - shift[:, None])  # scale and shift fuse into one FMA
+
+        alpha = tl.math.exp2(m_i - shift)  # 2^(m_old − m_new): rescales what was summed before
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # l ← l·α + rowsum(P̃)
+        if MASKED or not EVEN_D:
+            v = tl.load(v_ptrs, mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
+        else:
+            v = tl.load(v_ptrs)
+        acc = acc * alpha[:, None]  # O ← diag(α) O
+        acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
+        m_i = m_new
+    return acc, l_i, m_i
+# --8<-- [end:inner_loop]
+
+
+# --8<-- [start:forward_kernel]
+@triton.jit
+def _flash_v2_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    n_heads, group_size, n_q, n_k, head_dim, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    EVEN_D: tl.constexpr,
+):
+    """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see."""
+    # Causal tiles near the end of the sequence see the most keys: launch them first so the long
+    # programs start early and the short ones fill the gaps at the end (less tail imbalance).
+    pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch = pid_bh // n_heads
+    head = pid_bh % n_heads
+    kv_head = head // group_size  # grouped-query attention: query heads share a key/value head
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(
+        q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+        mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim), other=0.0,
+    )  # loaded once, reused against every key tile
+    k_head_ptr = k_ptr + batch * stride_kb + kv_head * stride_kh
+    v_head_ptr = v_ptr + batch * stride_vb + kv_head * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, in log₂ units
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # running Σ 2^(s − m)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # running un-normalised output
+
+    # Which key tiles this query tile sees. Query i sees keys j ≤ i + (n_k − n_q) when causal.
+    if CAUSAL:
+        first_row_sees = pid_m * BLOCK_M + (n_k - n_q) + 1  # keys [0, this) are visible to every row
+        last_row_sees = (pid_m + 1) * BLOCK_M + (n_k - n_q)  # no row sees a key at or past this
+        unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k) // BLOCK_N * BLOCK_N, 0)
+        masked_end = tl.maximum(tl.minimum(last_row_sees, n_k), 0)
+    else:
+        unmasked_end = n_k // BLOCK_N * BLOCK_N  # whole tiles
+        masked_end = n_k  # the ragged last tile, if any
+    # Stage 1: tiles every row sees in full — no mask.
+    acc, l_i, m_i = _attend_to_key_tiles(
+        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+    )
+    # Stage 2: the tiles on the causal diagonal and the ragged end of the keys — masked.
+    acc, l_i, m_i = _attend_to_key_tiles(
+        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
+        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+    )
+
+    # Epilogue: one division per row (FlashAttention-2 defers it to here), and the log-sum-exp.
+    seen = l_i > 0.0  # False for a query that sees no key: output 0, lse −∞
+    out = acc / tl.where(seen, l_i, 1.0)[:, None]
+    tl.store(
+        o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+        out.to(o_ptr.dtype.element_ty),
+        mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim),
+    )
+    # lse = ln Σ_j e^{S_ij} = (m + log₂ l) · ln 2, since m and the exponents are in log₂ units
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    tl.store(lse_ptr + pid_bh * n_q + offs_m, lse, mask=offs_m < n_q)
+# --8<-- [end:forward_kernel]
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def _teaching_config(head_dim: int) -> dict:
+    """One readable configuration: 64 × 64 tiles (32-wide key tiles for the largest heads, whose
+    Q tile and accumulator already take 64 × 256 × 4 bytes of registers), 4 warps, 2 stages."""
+    if interpreter_active():
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, num_warps=4, num_stages=2)
+
+
+def _tuning_configs() -> list[triton.Config]:
+    if interpreter_active():
+        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    return [
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
+        for bm, bn, w, s in [
+            (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
+            (128, 64, 8, 4), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2),
+        ]
+    ]
+
+
+_flash_v2_fwd_tuned = triton.autotune(
+    configs=_tuning_configs(),
+    key=["n_q", "n_k", "head_dim", "CAUSAL", "BLOCK_D"],  # configs that overflow shared memory are skipped
+)(_flash_v2_fwd_kernel)
+
+
+# --8<-- [start:launcher]
+def _launch(q, k, v, causal, sm_scale, out, tuned: bool):
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(out, "out", tuple(q.shape), q)
+    lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device)
+    args = (
+        q, k, v, o, lse,
+        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
+        shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
+    )
+    block_d = _block_d(shape.head_dim)
+    # EVEN_D: head_dim is a power of two ≥ 16, so full-tile loads need no mask along d
+    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim)
+    if tuned:
+        grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
+        _flash_v2_fwd_tuned[grid](*args, **fixed)
+    else:
+        config = _teaching_config(shape.head_dim)
+        grid = (triton.cdiv(shape.n_q, config["BLOCK_M"]), shape.batch * shape.heads)
+        _flash_v2_fwd_kernel[grid](*args, **fixed, **config)
+    return o, lse
+# --8<-- [end:launcher]
+
+
+def flash_attn_v2(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    *, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FlashAttention-2 forward, teaching configuration: softmax(scale · Q Kᵀ) V.
+
+    q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H (grouped-query attention);
+    16 ≤ d ≤ 256; any strides; float16, bfloat16 or float32. Causal masks are bottom-right aligned.
+    """
+    return _launch(q, k, v, causal, sm_scale, out, tuned=False)[0]
+
+
+def flash_attn_v2_tuned(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    *, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The same kernel with tile sizes, warps and pipeline depth autotuned per shape on the GPU."""
+    return _launch(q, k, v, causal, sm_scale, out, tuned=True)[0]
+
+
+def flash_attn_v2_with_lse(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    *, tuned: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, lse): the output and each row's log Σ_j e^{S_ij} (float32, (B, H, n_q); −∞ where a query sees no key)."""
+    return _launch(q, k, v, causal, sm_scale, None, tuned=tuned)

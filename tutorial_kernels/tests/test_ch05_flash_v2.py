@@ -1,0 +1,86 @@
+"""Chapter 5: FlashAttention-2 forward — teaching and tuned launchers, every shape users bring."""
+
+import math
+
+import pytest
+import torch
+
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
+from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
+from tutorial_kernels.testing import (
+    KERNEL_DTYPES,
+    ON_GPU,
+    Case,
+    assert_close,
+    attention_cases,
+    check_attention,
+    random_qkv,
+)
+
+LAUNCHERS = [flash_attn_v2, flash_attn_v2_tuned]
+CASES = attention_cases(head_dims=(16, 32, 64, 80, 96, 128, 256))
+
+
+@pytest.mark.parametrize("fn", LAUNCHERS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_matches_reference(fn, case, causal, dtype):
+    check_attention(fn, case, causal, dtype)
+
+
+GQA_CASES = [(8, 2), (6, 1), (4, 4)]  # (query heads, key/value heads): GQA, MQA, plain
+
+
+@pytest.mark.parametrize("fn", LAUNCHERS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("heads,kv_heads", GQA_CASES, ids=lambda v: str(v))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_attention(fn, heads, kv_heads, causal):
+    dtype = torch.float16
+    x = random_qkv(2, heads, 70, 90, 64, dtype)
+    k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]  # a slice: non-contiguous heads too
+    out = fn(x.q, k, v, causal)
+    assert_close(out, reference_attention(x.q, k, v, causal), dtype, seed=x.seed)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hugging_face_layout_and_scale(causal):
+    # (B, N, H, d) tensors transposed to (B, H, N, d), as transformers passes them; Phi-2's d = 80
+    x = random_qkv(2, 4, 77, 77, 80, torch.float16, layout="bnhd")
+    out = flash_attn_v2(x.q, x.k, x.v, causal, sm_scale=0.17)
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal, 0.17), torch.float16, seed=x.seed)
+
+
+@pytest.mark.parametrize("n_q,n_k", [(1, 1), (17, 100), (100, 17), (64, 64), (129, 65)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_log_sum_exp(n_q, n_k, causal):
+    x = random_qkv(1, 3, n_q, n_k, 32, torch.float32)
+    out, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, causal)
+    ref_lse = reference_log_sum_exp(reference_scores(x.q, x.k, causal))
+    assert lse.dtype == torch.float32 and lse.shape == (1, 3, n_q)
+    hidden = torch.isinf(ref_lse)  # queries that see no key: lse = −∞, output 0
+    assert torch.equal(torch.isinf(lse).cpu(), hidden.cpu()), f"seed={x.seed}"
+    assert torch.all(out[hidden] == 0)
+    if (~hidden).any():
+        err = (lse[~hidden].double() - ref_lse[~hidden]).abs().max().item()
+        assert err < 1e-4, f"lse off by {err:.2e}; seed={x.seed}"
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal), torch.float32, seed=x.seed)
+
+
+def test_rejects_what_it_cannot_do():
+    x = random_qkv(1, 4, 8, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"k's heads \(3\) must divide q's heads \(4\)"):
+        flash_attn_v2(x.q, x.k[:, :3], x.v[:, :3])
+    y = random_qkv(1, 1, 8, 8, 264, torch.float32)
+    with pytest.raises(ValueError, match=r"head_dim \(q.shape\[3\]\) must be between 16 and 256, got 264"):
+        flash_attn_v2(y.q, y.k, y.v)
+    with pytest.raises(ValueError, match=r"k and v must have the same shape"):
+        flash_attn_v2(x.q, x.k, x.v[:, :2])
+
+
+@pytest.mark.skipif(not ON_GPU, reason="long sequences are too slow for the interpreter")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequences_on_gpu(causal, dtype):
+    for case in (Case(1, 4, 4096, 4096, 128), Case(2, 2, 3000, 5000, 64), Case(1, 2, 8192, 2048, 256)):
+        check_attention(flash_attn_v2_tuned, case, causal, dtype)
