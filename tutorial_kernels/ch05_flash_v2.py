@@ -97,7 +97,7 @@ def _flash_v2_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    n_heads, group_size, n_q, n_k, head_dim, qk_scale,
+    n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr,
 ):
@@ -176,16 +176,16 @@ def _tuning_configs() -> list[triton.Config]:
         return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
     return [
         triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [
-            (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 2),
-            (128, 64, 8, 4), (64, 64, 4, 3), (64, 128, 4, 3), (128, 32, 4, 3), (64, 32, 4, 2),
-        ]
+        for bm, bn, w, s in [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (128, 32, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
     ]
 
 
 _flash_v2_fwd_tuned = triton.autotune(
     configs=_tuning_configs(),
-    key=["n_q", "n_k", "head_dim", "CAUSAL", "BLOCK_D"],  # configs that overflow shared memory are skipped
+    # Tuned once per (length bucket, head_dim, causal, dtype), not per exact length: a new sequence
+    # length reuses the choice made for its power-of-two bucket. Configs that overflow shared
+    # memory fail to compile and are skipped.
+    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D"],
 )(_flash_v2_fwd_kernel)
 
 
@@ -199,6 +199,7 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool):
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
         shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
+        triton.next_power_of_2(max(shape.n_q, shape.n_k)),  # only the autotuner reads it
     )
     block_d = _block_d(shape.head_dim)
     # EVEN_D: head_dim is a power of two ≥ 16, so full-tile loads need no mask along d
