@@ -38,29 +38,38 @@ LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
 @triton.jit
 def _attend_to_key_tiles(
     acc, l_i, m_i, q,
-    k_head_ptr, v_head_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+    k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
     lo, hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
+    USE_DESCRIPTORS: tl.constexpr,
 ):
     """Fold key tiles [lo, hi) into the running (acc, l, m) of one query tile.
 
     MASKED=False is the fast path for tiles every row of the query tile may see in full: no causal
     mask and no bounds check on the key axis. MASKED=True handles the tiles that cross the causal
     diagonal or hang over the end of the keys.
+
+    k_src and v_src are this head's K and V: pointers to row 0 (teaching path), or, with
+    USE_DESCRIPTORS, tensor descriptors over all rows of K and V viewed as (rows, head_dim) matrices,
+    this head starting at row kv_row0 — each tile then arrives by one TMA copy on Hopper.
     """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
-        k_ptrs = k_head_ptr + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn
-        v_ptrs = v_head_ptr + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
-        if MASKED:
-            k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < n_k), other=0.0)
-        elif EVEN_D:
-            k_t = tl.load(k_ptrs)
+        if USE_DESCRIPTORS:
+            # rows past this head's n_k belong to the next head (or are zero past the end): the
+            # masked stage gives them −∞ scores, so they add 0·V. Columns past head_dim load as 0.
+            k_t = tl.trans(k_src.load([kv_row0 + start_n, 0]))
         else:
-            k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            k_ptrs = k_src + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn
+            if MASKED:
+                k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < n_k), other=0.0)
+            elif EVEN_D:
+                k_t = tl.load(k_ptrs)
+            else:
+                k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
         s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
 
         if MASKED:
@@ -78,10 +87,13 @@ def _attend_to_key_tiles(
 
         alpha = tl.math.exp2(m_i - shift)  # 2^(m_old − m_new): rescales what was summed before
         l_i = l_i * alpha + tl.sum(p, axis=1)  # l ← l·α + rowsum(P̃)
-        if MASKED or not EVEN_D:
+        if USE_DESCRIPTORS:
+            v = v_src.load([kv_row0 + start_n, 0])
+        elif MASKED or not EVEN_D:
+            v_ptrs = v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
             v = tl.load(v_ptrs, mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
         else:
-            v = tl.load(v_ptrs)
+            v = tl.load(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd)
         acc = acc * alpha[:, None]  # O ← diag(α) O
         acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
         m_i = m_new
@@ -99,7 +111,7 @@ def _flash_v2_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr,
+    EVEN_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see."""
     # Causal tiles near the end of the sequence see the most keys: launch them first so the long
@@ -116,8 +128,18 @@ def _flash_v2_fwd_kernel(
         q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
         mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim), other=0.0,
     )  # loaded once, reused against every key tile
-    k_head_ptr = k_ptr + batch * stride_kb + kv_head * stride_kh
-    v_head_ptr = v_ptr + batch * stride_vb + kv_head * stride_vh
+    if USE_DESCRIPTORS:  # K and V contiguous: (B·H_kv·n_k, head_dim) matrices, this head from kv_row0
+        # TMA coordinates are 32-bit: fine up to 2³¹ rows of K (B·H_kv·n_k)
+        kv_rows = (n_heads // group_size) * n_k * (tl.num_programs(1) // n_heads)
+        kv_row0 = ((batch * (n_heads // group_size) + kv_head) * n_k).to(tl.int32)
+        k_src = tl.make_tensor_descriptor(k_ptr, shape=[kv_rows, head_dim], strides=[stride_kn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+        v_src = tl.make_tensor_descriptor(v_ptr, shape=[kv_rows, head_dim], strides=[stride_vn, 1],
+                                          block_shape=[BLOCK_N, BLOCK_D])
+    else:
+        kv_row0 = 0
+        k_src = k_ptr + batch * stride_kb + kv_head * stride_kh
+        v_src = v_ptr + batch * stride_vb + kv_head * stride_vh
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, in log₂ units
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running Σ 2^(s − m)
@@ -134,15 +156,15 @@ def _flash_v2_fwd_kernel(
         masked_end = n_k  # the ragged last tile, if any
     # Stage 1: tiles every row sees in full — no mask.
     acc, l_i, m_i = _attend_to_key_tiles(
-        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
-        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, USE_DESCRIPTORS=USE_DESCRIPTORS,
     )
     # Stage 2: the tiles on the causal diagonal and the ragged end of the keys — masked.
     acc, l_i, m_i = _attend_to_key_tiles(
-        acc, l_i, m_i, q, k_head_ptr, v_head_ptr, stride_kn, stride_kd, stride_vn, stride_vd,
+        acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
-        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D,
+        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, USE_DESCRIPTORS=USE_DESCRIPTORS,
     )
 
     # Epilogue: one division per row (FlashAttention-2 defers it to here), and the log-sum-exp.
@@ -185,12 +207,25 @@ _flash_v2_fwd_tuned = triton.autotune(
     # Tuned once per (length bucket, head_dim, causal, dtype), not per exact length: a new sequence
     # length reuses the choice made for its power-of-two bucket. Configs that overflow shared
     # memory fail to compile and are skipped.
-    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D"],
+    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D", "USE_DESCRIPTORS"],
 )(_flash_v2_fwd_kernel)
 
 
 # --8<-- [start:launcher]
-def _launch(q, k, v, causal, sm_scale, out, tuned: bool):
+def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
+    # descriptors made inside a kernel need a little global memory for the TMA descriptor itself
+    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
+
+
+def _descriptors_apply(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """TMA needs K and V as row-major matrices with 16-byte aligned rows."""
+    return all(
+        t.is_contiguous() and (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+        for t in (k, v)
+    )
+
+
+def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | None = None):
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(out, "out", tuple(q.shape), q)
     lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device)
@@ -202,8 +237,14 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool):
         triton.next_power_of_2(max(shape.n_q, shape.n_k)),  # only the autotuner reads it
     )
     block_d = _block_d(shape.head_dim)
+    use_descriptors = tuned and _descriptors_apply(k, v) if descriptors is None else descriptors
+    if use_descriptors:
+        if not _descriptors_apply(k, v):
+            raise ValueError("descriptors=True needs contiguous k and v with 16-byte aligned rows")
+        if k.is_cuda:
+            triton.set_allocator(_descriptor_scratch)  # process-wide; it only hands out scratch bytes
     # EVEN_D: head_dim is a power of two ≥ 16, so full-tile loads need no mask along d
-    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim)
+    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim, USE_DESCRIPTORS=use_descriptors)
     if tuned:
         grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
         _flash_v2_fwd_tuned[grid](*args, **fixed)
@@ -229,10 +270,12 @@ def flash_attn_v2(
 
 def flash_attn_v2_tuned(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
-    *, out: torch.Tensor | None = None,
+    *, out: torch.Tensor | None = None, descriptors: bool | None = None,
 ) -> torch.Tensor:
-    """The same kernel with tile sizes, warps and pipeline depth autotuned per shape on the GPU."""
-    return _launch(q, k, v, causal, sm_scale, out, tuned=True)[0]
+    """The same kernel with tile sizes, warps and pipeline depth autotuned per shape on the GPU, and
+    K/V tiles fetched through tensor descriptors (TMA on Hopper) when k and v are contiguous CUDA
+    tensors with 16-byte rows (`descriptors=None`); `descriptors=False` forces pointer loads."""
+    return _launch(q, k, v, causal, sm_scale, out, tuned=True, descriptors=descriptors)[0]
 
 
 def flash_attn_v2_with_lse(

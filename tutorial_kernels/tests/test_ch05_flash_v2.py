@@ -96,3 +96,18 @@ def test_rejects_what_it_cannot_do():
 def test_long_sequences_on_gpu(causal, dtype):
     for case in (Case(1, 4, 4096, 4096, 128), Case(2, 2, 3000, 5000, 64), Case(1, 2, 8192, 2048, 256)):
         check_attention(flash_attn_v2_tuned, case, causal, dtype)
+
+
+@pytest.mark.parametrize("descriptors", [False, True], ids=["pointers", "descriptors"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_tuned_with_and_without_descriptors(descriptors, causal):
+    # ragged n_k: descriptor tiles run past this head's keys into the next head's, which must not count
+    x = random_qkv(2, 4, 50, 77, 64, torch.float16)
+    out = flash_attn_v2_tuned(x.q, x.k, x.v, causal, descriptors=descriptors)
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal), torch.float16, seed=x.seed)
+
+
+def test_descriptors_need_contiguous_rows():
+    x = random_qkv(1, 2, 8, 8, 64, torch.float16, layout="bnhd")
+    with pytest.raises(ValueError, match=r"descriptors=True needs contiguous k and v"):
+        flash_attn_v2_tuned(x.q, x.k, x.v, descriptors=True)
