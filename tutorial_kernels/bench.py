@@ -92,6 +92,9 @@ PROVIDERS: dict[str, Provider] = {
     "sdpa-math": Provider("torch SDPA: math", _sdpa, _pinned("MATH")),
     "flash-v2-triton": Provider("FlashAttention-2 Triton, teaching (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2")),
     "flash-v2-tuned": Provider("FlashAttention-2 Triton, tuned (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned")),
+    "flash-v2-tuned-pointers": Provider(
+        "FlashAttention-2 Triton, tuned, no TMA (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned", descriptors=False)
+    ),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
     "triton-matmul-pointers": Provider("Triton matmul, pointer tiles (ch. 3)", _ch03("matmul", method="pointers")),
@@ -234,7 +237,7 @@ SUITES: dict[str, Suite] = {
     "ch05-fwd": Suite(
         description="Chapter 5: FlashAttention-2 forward vs torch's backends, FA2 paper convention "
         "(B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",
-        providers=["flash-v2-triton", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn"],
+        providers=["flash-v2-triton", "flash-v2-tuned-pointers", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn"],
         shapes=_fa2_paper_shapes((64, 128), (512, 1024, 2048, 4096, 8192, 16384)),
         default_out="ch05_fwd.json",
         notes=["The tuned kernel is autotuned per shape before timing; the teaching kernel runs one fixed config."],
@@ -327,6 +330,35 @@ SUITES["ch01-reduction"] = Suite(
     notes=["GB/s counts the bytes read, n · itemsize; the copy ceiling counts bytes read + written.",
            "rel_err is |s − Σx| / Σ|x| with Σx from torch.sum in float64 (reduction_error).",
            "The CUDA kernel is compiled by torch.utils.cpp_extension.load_inline before timing."],
+)
+
+
+# --- chapter 4: FlashAttention-1 ------------------------------------------------------------------
+
+
+def _ch04(name: str, **options) -> Callable:
+    """A chapter 4 function, imported on first call."""
+
+    def call(*args):
+        from tutorial_kernels import ch04_flash_v1 as ch04
+
+        return getattr(ch04, name)(*args, **options)
+
+    return call
+
+
+PROVIDERS["flash-v1-triton"] = Provider("FlashAttention-1 Triton (ch. 4)", _ch04("flash_attn_v1"))
+
+
+SUITES["ch04-sweep"] = Suite(
+    description="Chapter 4: FlashAttention-1 against chapters 2–3 and torch, fp16, d = 64 and 128, "
+    "B·N = 16384 tokens, H·d = 2048 (FlashAttention-2 paper convention)",
+    providers=["eager", "naive-triton", "online-triton", "flash-v1-triton", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"],
+    shapes=[Shape(16384 // n, 2048 // d, n, d, causal)
+            for d in (64, 128) for causal in (False, True) for n in (512, 1024, 2048, 4096, 8192, 16384)],
+    default_out="ch04_sweep.json",
+    notes=["batch = 16384 / N and heads = 2048 / d: the same number of tokens and the same hidden size at every N, "
+           "so B·H, the number of FlashAttention-1 programs, falls from 1024 (N = 512, d = 64) to 16 (N = 16384, d = 128)."],
 )
 
 
@@ -449,21 +481,31 @@ def _progress(items: list, desc: str) -> Iterator:
     yield from tqdm(items, desc=desc)
 
 
-def run_suite(name: str, out_path: Path, argv: list[str], providers: list[str] | None = None) -> dict:
+def run_suite(
+    name: str, out_path: Path, argv: list[str], providers: list[str] | None = None,
+    lengths: list[int] | None = None, dtypes: list[str] | None = None,
+) -> dict:
     suite = SUITES[name]
     chosen = providers or suite.providers
-    jobs = [(p, s) for s in suite.shapes for p in chosen]
+    shapes = [
+        s for s in suite.shapes
+        if (lengths is None or getattr(s, "n", None) in lengths) and (dtypes is None or getattr(s, "dtype", None) in dtypes)
+    ]
+    jobs = [(p, s) for s in shapes for p in chosen]
     ceilings = measure_ceilings()  # first: it also brings an idle GPU up to its working clocks
-    rows = [measure(PROVIDERS[p], s) | {"provider_key": p} for p, s in _progress(jobs, name)]
     result = {
         "description": suite.description,
         "notes": suite.notes,
         "provenance": provenance(name, argv),
         "ceilings": ceilings,
-        "results": rows,
+        "results": [],
     }
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps(result, indent=1) + "\n")
+    for p, s in _progress(jobs, name):
+        result["results"].append(measure(PROVIDERS[p], s) | {"provider_key": p})
+        # rewritten after every row: a run cut short by a time limit still leaves what it measured
+        result["complete"] = len(result["results"]) == len(jobs)
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -501,11 +543,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("suite", choices=sorted(SUITES), help="which sweep to run")
     parser.add_argument("--out", type=Path, help="JSON file to write (default: data/<suite's file>)")
     parser.add_argument("--providers", nargs="+", choices=sorted(PROVIDERS), help="subset of the suite's providers")
+    parser.add_argument("--n", nargs="+", type=int, dest="lengths", help="only these sequence lengths")
+    parser.add_argument("--dtype", nargs="+", dest="dtypes", help="only these dtypes (e.g. float16)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("benchmarks time real kernels and need a CUDA GPU; none is visible here")
     out = args.out or DATA_DIR / SUITES[args.suite].default_out
-    result = run_suite(args.suite, out, argv, args.providers)
+    result = run_suite(args.suite, out, argv, args.providers, args.lengths, args.dtypes)
     print(_summary(result))
     print(f"wrote {out}")
 

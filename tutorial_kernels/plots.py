@@ -537,10 +537,10 @@ def waves_staircase(data: dict | None = None) -> go.Figure:
     return fig
 
 
-def _table(header: list[str], columns: list[list], title: str, height: int) -> go.Figure:
+def _table(header: list[str], columns: list[list], title: str, height: int, widths: list[float] | None = None) -> go.Figure:
     fig = go.Figure(go.Table(
         header=dict(values=[f"<b>{h}</b>" for h in header], align="left", fill_color="#e8eaf6"),
-        cells=dict(values=columns, align="left", height=26),
+        cells=dict(values=columns, align="left", height=26), columnwidth=widths,
     ))
     fig.update_layout(title=dict(text=title, font=dict(size=15)), height=height, margin=dict(l=10, r=10, t=90, b=10))
     return fig
@@ -565,9 +565,10 @@ def occupancy_table(data: dict | None = None) -> go.Figure:
         [f"{x['predicted_waves']} / {x['measured_waves']}" for x in m],
     ]
     header = ["footprint", "warps", "regs / thread", "shared", *[f"fit by {n}" for n in limits],
-              "predicted per SM", "measured per SM", "waves predicted / measured"]
+              "predicted per SM", "measured", "waves: pred. / meas."]
     return _table(header, columns, f"Occupancy of {grid}-program launches: the calculation against the timeline"
-                  f"<br><sup>{_timeline_caption(data)}</sup>", 330)
+                  f"<br><sup>{_timeline_caption(data)}</sup>", 120 + 50 * len(m) + 50,
+                  widths=[3.2, 1, 1.1, 1.1, 1, 1.1, 1.1, 1, 1.8, 1.1, 1.3])
 
 
 @figure("ch01-device")
@@ -595,7 +596,8 @@ def device_table(data: dict | None = None) -> go.Figure:
         ("SM clock (typical)", f"{d['sm_clock_khz'] / 1e3:,.0f} MHz", ""),
     ]
     return _table(["property", "value", "what it limits"], [list(c) for c in zip(*rows)],
-                  f"{d['name']}, as the CUDA driver reports it<br><sup>{_timeline_caption(data)}</sup>", 560)
+                  f"{d['name']}, as the CUDA driver reports it<br><sup>{_timeline_caption(data)}</sup>",
+                  110 + 27 * len(rows) + 40, widths=[2.2, 1.6, 3])
 
 
 @figure("ch01-compiled")
@@ -616,16 +618,38 @@ def compiled_table(data: dict | None = None) -> go.Figure:
     columns = [[r[0] for r in rows]] + [[r[1][i] for r in rows] for i in range(len(facts))] + [[r[2] for r in rows]]
     return _table(["", *[f"n = {f['n']}" for f in facts], "decided by"], columns,
                   "What Triton compiled _partial_sums_kernel into (float32)<br>"
-                  f"<sup>{_timeline_caption(data)}</sup>", 330)
+                  f"<sup>{_timeline_caption(data)}</sup>", 110 + 27 * len(rows) + 40, widths=[2.2, 1.5, 1.5, 2])
 
 
 @figure("ch01-reduction-bandwidth")
-def reduction_bandwidth(data: dict | None = None, live: dict | None = None) -> go.Figure:
-    """GB/s read by each sum against vector length, one panel per dtype, under the copy ceiling."""
+def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earlier: dict | None = None) -> go.Figure:
+    """GB/s read by each sum against vector length, one panel per dtype, under the copy ceiling.
+
+    `earlier` (by default data/ch01_reduction_earlier.json, an earlier run of the same suite) is drawn
+    thin and faint behind the recording, to show which points repeat from run to run and which do not.
+    """
     data = data or load_data("ch01_reduction")
+    if earlier is None and (DATA_DIR / "ch01_reduction_earlier.json").exists():
+        earlier = load_data("ch01_reduction_earlier")
     dtypes = list(dict.fromkeys(r["dtype"] for r in data["results"]))
     fig = make_subplots(rows=1, cols=len(dtypes), subplot_titles=dtypes, shared_yaxes=True)
     for col, dtype in enumerate(dtypes, start=1):
+        if earlier is not None:
+            p = earlier["provenance"]
+            if col == 1:  # one grey legend entry stands for the faint lines of every provider
+                fig.add_trace(go.Scatter(
+                    x=[None], y=[None], mode="lines", line=dict(color="#999999", width=1.5, dash="dot"),
+                    name=f"dotted, faint: an earlier run of the same suite ({p['date_utc'][:16].replace('T', ' ')} "
+                         f"UTC, commit {p['git_commit'][:8]})", legendgroup="earlier",
+                ), row=1, col=1)
+            for key in _providers(earlier):
+                rows = _ok_rows(earlier, provider_key=key, dtype=dtype)
+                fig.add_trace(go.Scatter(
+                    x=[r["n"] for r in rows], y=[r["gb_per_s"] for r in rows], mode="lines", opacity=0.45,
+                    name=_label(earlier, key), legendgroup="earlier", showlegend=False,
+                    line=dict(color=PROVIDER_COLOURS.get(key), width=1.5, dash="dot"),
+                    hovertemplate=f"earlier run, {_label(earlier, key)}: " + "%{y:,.0f} GB/s<extra></extra>",
+                ), row=1, col=col)
         for source, dashed in ((data, False), (live, True)):
             if source is None:
                 continue
@@ -648,5 +672,5 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None) -> g
                      ticktext=[f"2<sup>{n.bit_length() - 1}</sup>" for n in lengths if n != 1_000_003])
     fig.update_yaxes(type="log", tickvals=[1, 10, 100, 1000, 3000], ticktext=["1", "10", "100", "1,000", "3,000"])
     fig.update_yaxes(title="GB/s (n · bytes per element, read once / time)", col=1)
-    fig.update_layout(height=520, margin=dict(b=140), hovermode="closest")
+    fig.update_layout(height=560, margin=dict(b=170), hovermode="closest")
     return _layout(fig, data, "Sum of n elements: bandwidth vs length")
