@@ -1,0 +1,349 @@
+"""Chapter 6 — the FlashAttention backward pass (Dao 2023, Algorithm 2), in Triton.
+
+The forward of chapter 5 saves only O and one log-sum-exp per query row. The backward recomputes
+every tile of S and P from Q, K and that log-sum-exp instead of reading a stored N × N matrix:
+
+    P   = exp(τ Q Kᵀ − lse)          (recomputed, tile by tile)
+    dV  = Pᵀ dO
+    dP  = dO Vᵀ
+    dS  = P ∘ (dP − Δ),  Δ_i = rowsum(dO_i ∘ O_i)
+    dQ  = τ dS K
+    dK  = τ dSᵀ Q
+
+Three kernels:
+
+* `_attn_bwd_preprocess_kernel`: Δ, one float32 number per query row;
+* `_attn_bwd_dkdv_kernel`: one program per (key tile, batch × key/value head). K_j and V_j stay on
+  chip; the program loops over the query heads of its group and their query tiles, so dK and dV
+  of a grouped-query head are summed in registers — no atomics, no per-query-head buffer;
+* `_attn_bwd_dq_kernel`: one program per (query tile, batch × query head), looping over key tiles.
+  Computing dQ in its own kernel recomputes P once more, but every element of dQ is written by one
+  program in a fixed order: the gradients are bit-for-bit deterministic (atomic additions into dQ
+  from the dK/dV programs would sum in whatever order the programs happen to run).
+
+Causal masks (bottom-right aligned, as in the forward) are applied only when `causal=True`, and
+only on the tiles that cross the diagonal; without `causal` no score is masked. Queries that see
+no key (lse = −∞) get P = 0 and contribute nothing.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
+from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.validation import check_attention_inputs
+
+LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
+
+
+# --8<-- [start:preprocess]
+@triton.jit
+def _attn_bwd_preprocess_kernel(
+    o_ptr, do_ptr, delta_ptr,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    n_heads, n_q, head_dim,
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """Δ_i = Σ_d dO_id · O_id = Σ_j P_ij dP_ij, for one tile of query rows of one (batch, head)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch = pid_bh // n_heads
+    head = pid_bh % n_heads
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim)
+    o = tl.load(o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+                mask=mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=mask, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # Δ = rowsum(dO ∘ O), float32
+    tl.store(delta_ptr + pid_bh * n_q + offs_m, delta, mask=offs_m < n_q)
+# --8<-- [end:preprocess]
+
+
+# --8<-- [start:dkdv_inner]
+@triton.jit
+def _dkdv_from_query_tiles(
+    dk, dv, k, v,
+    q_src, do_src, lse_src, delta_src, stride_qm, stride_qd, stride_dom, stride_dod,
+    offs_n, offs_d, n_q, n_k, head_dim, qk_scale,
+    lo, hi,
+    MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Add the query tiles [lo, hi) of one query head to the (dK, dV) of one key tile.
+
+    MASKED=True is for the query tiles that cross the causal diagonal; the others need no mask.
+    Rows past n_q load Q = dO = 0 and lse = +∞, so their P is 0 and they add nothing.
+    """
+    d_ok = offs_d < head_dim
+    for start_m in range(lo, hi, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        m_ok = offs_m < n_q
+        q = tl.load(q_src + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        do = tl.load(do_src + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                     mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        lse = tl.load(lse_src + offs_m, mask=m_ok, other=float("inf"))
+        # a query that sees no key has lse = −∞; +∞ instead makes its P = 2^(s − ∞) = 0, not ∞·0 = NaN
+        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log₂ units
+        delta = tl.load(delta_src + offs_m, mask=m_ok, other=0.0)
+
+        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) raw scores, float32
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}, recomputed
+        if MASKED:
+            visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
+            p = tl.where(visible, p, 0.0)
+        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)  # dV_j ← dV_j + Pᵀ dO_i
+        dp = tl.dot(do, tl.trans(v))  # dP = dO_i V_jᵀ, float32
+        ds = p * (dp - delta[:, None])  # dS = P ∘ (dP − Δ); 0 wherever P is 0
+        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)  # dK_j ← dK_j + dSᵀ Q_i  (τ applied at the end)
+    return dk, dv
+# --8<-- [end:dkdv_inner]
+
+
+# --8<-- [start:dkdv_kernel]
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: one BLOCK_N tile of keys of one (batch, key/value head), against every query of
+    every query head in its group that can see it."""
+    pid_n = tl.program_id(0)
+    pid_bkv = tl.program_id(1).to(tl.int64)
+    n_kv_heads = n_heads // group_size
+    batch = pid_bkv // n_kv_heads
+    kv_head = pid_bkv % n_kv_heads
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < head_dim)
+    k = tl.load(k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # K_j, on chip for the whole program
+    v = tl.load(v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vn
+                + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)  # V_j, likewise
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    # Which query tiles see this key tile. Query i sees key j when j ≤ i + δ, δ = n_k − n_q, so
+    # rows i ≥ start_n − δ see some key of the tile and rows i ≥ start_n + BLOCK_N − 1 − δ see all.
+    if CAUSAL:
+        delta_nq = n_k - n_q
+        masked_start = tl.maximum(start_n - delta_nq, 0) // BLOCK_M * BLOCK_M
+        unmasked_start = (tl.maximum(start_n + BLOCK_N - 1 - delta_nq, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        masked_end = tl.minimum(unmasked_start, n_q)
+    else:
+        masked_start = 0
+        masked_end = 0
+        unmasked_start = 0  # no causal mask: every query tile is unmasked
+
+    # Grouped-query attention: the query heads kv_head·g … kv_head·g + g − 1 all read this K_j, V_j,
+    # so their contributions are summed here, in registers, in a fixed order.
+    for h in range(group_size):
+        head = kv_head * group_size + h
+        q_src = q_ptr + batch * stride_qb + head * stride_qh
+        do_src = do_ptr + batch * stride_dob + head * stride_doh
+        lse_src = lse_ptr + (batch * n_heads + head) * n_q
+        delta_src = delta_ptr + (batch * n_heads + head) * n_q
+        # the query tiles that cross the diagonal — masked
+        dk, dv = _dkdv_from_query_tiles(
+            dk, dv, k, v, q_src, do_src, lse_src, delta_src, stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, offs_d, n_q, n_k, head_dim, qk_scale, masked_start, masked_end,
+            MASKED=True, BLOCK_M=BLOCK_M,
+        )
+        # the query tiles that see the whole key tile (all of them when not causal) — no mask
+        dk, dv = _dkdv_from_query_tiles(
+            dk, dv, k, v, q_src, do_src, lse_src, delta_src, stride_qm, stride_qd, stride_dom, stride_dod,
+            offs_n, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_start, n_q,
+            MASKED=False, BLOCK_M=BLOCK_M,
+        )
+
+    dk = dk * sm_scale  # dK = τ dSᵀ Q
+    tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+# --8<-- [end:dkdv_kernel]
+
+
+# --8<-- [start:dq_kernel]
+@triton.jit
+def _dq_from_key_tiles(
+    dq, q, do, lse2, delta,
+    k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+    offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
+    lo, hi,
+    MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """Add the key tiles [lo, hi) to dQ_i. Keys past n_k load K = V = 0: their dS·K adds 0."""
+    d_ok = offs_d < head_dim
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < n_k) & d_ok[None, :]
+        k = tl.load(k_src + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        v = tl.load(v_src + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N)
+        p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}
+        if MASKED:
+            visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
+            p = tl.where(visible, p, 0.0)
+        dp = tl.dot(do, tl.trans(v))  # dP = dO_i V_jᵀ
+        ds = p * (dp - delta[:, None])  # dS = P ∘ (dP − Δ)
+        dq = tl.dot(ds.to(k.dtype), k, dq)  # dQ_i ← dQ_i + dS K_j  (τ applied at the end)
+    return dq
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: one BLOCK_M tile of queries of one (batch, head); the only writer of its dQ rows."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch = pid_bh // n_heads
+    head = pid_bh % n_heads
+    kv_head = head // group_size
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < n_q
+    qd_mask = m_ok[:, None] & (offs_d[None, :] < head_dim)
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qm
+                + offs_d[None, :] * stride_qd, mask=qd_mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom
+                 + offs_d[None, :] * stride_dod, mask=qd_mask, other=0.0)
+    lse = tl.load(lse_ptr + pid_bh * n_q + offs_m, mask=m_ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 for unseeing rows
+    delta = tl.load(delta_ptr + pid_bh * n_q + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    k_src = k_ptr + batch * stride_kb + kv_head * stride_kh
+    v_src = v_ptr + batch * stride_vb + kv_head * stride_vh
+
+    # The key tiles this query tile sees: the forward's two stages (chapter 5).
+    if CAUSAL:
+        first_row_sees = pid_m * BLOCK_M + (n_k - n_q) + 1
+        last_row_sees = (pid_m + 1) * BLOCK_M + (n_k - n_q)
+        unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k), 0) // BLOCK_N * BLOCK_N
+        masked_end = tl.maximum(tl.minimum(last_row_sees, n_k), 0)
+    else:
+        unmasked_end = n_k  # no causal mask; the ragged end is zero-padded
+        masked_end = n_k
+    dq = _dq_from_key_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
+                            MASKED=False, BLOCK_N=BLOCK_N)
+    dq = _dq_from_key_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
+                            offs_m, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
+                            MASKED=True, BLOCK_N=BLOCK_N)
+    dq = dq * sm_scale  # dQ = τ dS K
+    tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqm
+             + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
+# --8<-- [end:dq_kernel]
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))  # tl.arange needs a power of two; pad d with zeros
+
+
+def _backward_config(head_dim: int) -> dict:
+    """One readable configuration. The interpreter's cost grows with programs × loop steps, so it
+    gets 32 × 32 tiles; on the GPU, 64 × 64 (32 × 32 above d = 128, where K_j, V_j, dK_j and dV_j
+    alone fill the registers). Not yet tuned or timed on a GPU."""
+    if interpreter_active():
+        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+    if head_dim <= 128:
+        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+
+
+# --8<-- [start:backward_launcher]
+def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None):
+    """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp."""
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    if do.shape != q.shape or do.dtype != q.dtype:
+        raise ValueError(f"do must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
+                         f"got {tuple(do.shape)} {do.dtype}")
+    config = _backward_config(shape.head_dim)
+    block_d = _block_d(shape.head_dim)
+    heads, n_q, n_k = shape.heads, shape.n_q, shape.n_k
+    delta = torch.empty((shape.batch, heads, n_q), dtype=torch.float32, device=q.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # (B, H_kv, n_k, d): summed over each group
+    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    lse = lse.contiguous()  # (B, H, n_q), indexed as one row per (batch, head)
+
+    grid_m = (triton.cdiv(n_q, config["BLOCK_M"]), shape.batch * heads)
+    _attn_bwd_preprocess_kernel[grid_m](
+        o, do, delta, *o.stride(), *do.stride(), heads, n_q, shape.head_dim,
+        BLOCK_M=config["BLOCK_M"], BLOCK_D=block_d,
+    )
+    common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E)
+    grid_n = (triton.cdiv(n_k, config["BLOCK_N"]), shape.batch * shape.kv_heads)
+    _attn_bwd_dkdv_kernel[grid_n](
+        q, k, v, do, lse, delta, dk, dv,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
+        *common, CAUSAL=causal, BLOCK_D=block_d, **config,
+    )
+    _attn_bwd_dq_kernel[grid_m](
+        q, k, v, do, lse, delta, dq,
+        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
+        *common, CAUSAL=causal, BLOCK_D=block_d, **config,
+    )
+    return dq, dk, dv
+# --8<-- [end:backward_launcher]
+
+
+# --8<-- [start:autograd]
+class FlashAttentionFunction(torch.autograd.Function):
+    """Chapter 5's forward, this chapter's backward. Saves q, k, v, O and the log-sum-exp — O(N d)
+    numbers, never the (n_q × n_k) matrix P."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        o, lse = flash_attn_v2_with_lse(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        ctx.sm_scale = sm_scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        # dO comes with whatever strides autograd built (an expanded tensor after .sum() has stride
+        # 0); the kernels honour any strides, but a dense copy reads faster on the GPU.
+        do = do.contiguous()
+        dq, dk, dv = flash_attn_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
+        return dq, dk, dv, None, None
+# --8<-- [end:autograd]
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+) -> torch.Tensor:
+    """softmax(scale · Q Kᵀ) V, differentiable: trains like `F.scaled_dot_product_attention`.
+
+    q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H; 16 ≤ d ≤ 256; any strides;
+    float16, bfloat16 or float32. Causal masks are bottom-right aligned (chapter 2's convention).
+    """
+    check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale)

@@ -1,0 +1,189 @@
+"""Chapter 6: the backward pass — gradients against float64 autograd of the one reference."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tutorial_kernels.ch06_backward import flash_attention, flash_attn_backward
+from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
+from tutorial_kernels.runtime import default_device, interpreter_active
+from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, random_qkv
+
+DEVICE = default_device()
+
+
+def grad_tolerance(dtype: torch.dtype) -> float:
+    """Bound on ‖grad − ref‖ / ‖ref‖. Looser than the forward's: P, dS and dO are each rounded to the
+    input dtype before a matrix product, and dK sums n_q such products (tf32 for float32 on a GPU)."""
+    if dtype == torch.float32:
+        return 1e-5 if interpreter_active() else 1e-2
+    if dtype == torch.float16:
+        return 1e-2
+    if dtype == torch.bfloat16:
+        return 5e-2
+    raise TypeError(f"no tolerance for dtype {dtype}")
+
+
+def check_gradients(q, k, v, causal, dtype, seed, sm_scale=None):
+    """Gradients of flash_attention vs float64 autograd of reference_attention, for a random dO."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = flash_attention(q, k, v, causal, sm_scale)
+    gen = torch.Generator(device=q.device).manual_seed(seed + 1)
+    do = torch.randn(out.shape, generator=gen, device=q.device).to(dtype)  # never zeros
+    out.backward(do)
+
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    reference_attention(q64, k64, v64, causal, sm_scale).backward(do.double())
+
+    bound = grad_tolerance(dtype)
+    for name, got, ref in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert got.shape == ref.shape and got.dtype == dtype, f"{name}: {got.shape} {got.dtype}"
+        nans = torch.isnan(got).sum().item()
+        assert nans == 0, f"{name}: {nans} NaN of {got.numel()}; seed={seed}"
+        err = relative_error(got, ref)
+        assert err <= bound, f"{name}: relative error {err:.3e} > {bound:.1e} for {dtype}; seed={seed}"
+    return q.grad, k.grad, v.grad
+
+
+# Odd shapes, few enough for the interpreter: lengths 1, 17, 100 at d = 64, every head_dim at n = 40
+# (256 included), n_q ≠ n_k both ways, over several 32-wide tiles. More and longer on the GPU.
+CASES = [
+    Case(2, 2, 1, 1, 64), Case(2, 3, 17, 17, 64), Case(1, 2, 100, 100, 64),
+    Case(1, 2, 40, 40, 16), Case(1, 2, 40, 40, 32), Case(1, 2, 40, 40, 80), Case(1, 2, 40, 40, 128),
+    Case(1, 1, 40, 40, 256), Case(2, 2, 17, 100, 64), Case(1, 2, 100, 17, 32), Case(1, 2, 1, 70, 80),
+    Case(1, 2, 257, 130, 32), Case(1, 2, 130, 257, 16),
+]
+if ON_GPU:
+    CASES += [Case(2, 3, 257, 257, d) for d in (16, 64, 80, 128, 256)] + [
+        Case(2, 4, 1000, 1000, 64), Case(1, 4, 1024, 3000, 128), Case(1, 4, 3000, 1024, 80),
+    ]
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_gradients_match_reference(case, causal, dtype):
+    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
+    check_gradients(x.q, x.k, x.v, causal, dtype, x.seed)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 1)], ids=["gqa", "mqa"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_grouped_query_gradients_sum_over_the_group(heads, kv_heads, causal):
+    x = random_qkv(2, heads, 37, 45, 32, torch.float32)
+    k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]  # a slice: non-contiguous heads too
+    _, dk, dv = check_gradients(x.q, k, v, causal, torch.float32, x.seed)
+    assert dk.shape == k.shape and dv.shape == v.shape
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_hugging_face_layout_and_scale(causal, dtype):
+    # (B, N, H, d) tensors transposed to (B, H, N, d): non-contiguous inputs; Phi-2's d = 80
+    x = random_qkv(2, 2, 45, 45, 80, dtype, layout="bnhd")
+    assert not x.q.is_contiguous()
+    check_gradients(x.q, x.k, x.v, causal, dtype, x.seed, sm_scale=0.17)
+
+
+def test_queries_that_see_no_key_get_zero_gradients():
+    # causal with n_q > n_k: query i sees keys j ≤ i − 30, so queries 0 … 29 see none (lse = −∞)
+    x = random_qkv(1, 2, 50, 20, 32, torch.float32)
+    dq, _, _ = check_gradients(x.q, x.k, x.v, True, torch.float32, x.seed)
+    assert torch.all(dq[:, :, :30] == 0), f"seed={x.seed}"
+    # query 30 sees one key (P = 1, so dS = dP − Δ = 0 up to rounding); queries 31 … 49 see more
+    assert torch.all(dq[:, :, 31:].abs().amax(dim=-1) > 0), f"seed={x.seed}"
+
+
+def test_full_attention_is_not_masked():
+    # triton-lang/triton#4541: a backward that always applies the causal mask gives wrong
+    # non-causal gradients. Ours must match the unmasked reference, and differ from the masked one.
+    x = random_qkv(1, 2, 64, 64, 32, torch.float32)
+    _, dk, _ = check_gradients(x.q, x.k, x.v, False, torch.float32, x.seed)
+    k64 = x.k.double().requires_grad_()
+    do = torch.randn(x.q.shape, dtype=torch.float64, device=x.q.device)
+    reference_attention(x.q.double(), k64, x.v.double(), True).backward(do)
+    assert relative_error(dk, k64.grad) > 0.1, "full-attention gradients look causally masked"
+
+
+def test_trains_like_scaled_dot_product_attention():
+    # n_q = n_k, where torch's top-left causal alignment and ours agree
+    x = random_qkv(2, 2, 33, 33, 64, torch.float32)
+    w = torch.randn(64, device=x.q.device)
+    grads = []
+    for fn in (flash_attention, lambda q, k, v, causal: F.scaled_dot_product_attention(q, k, v, is_causal=causal)):
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        # a loss, as in training; dO = w expanded to (B, H, N, d): strides (0, 0, 0, 1)
+        (fn(q, k, v, True) * w).sum().backward()
+        grads.append((q.grad, k.grad, v.grad))
+    for mine, theirs in zip(*grads):
+        assert relative_error(mine, theirs) < 1e-5, f"seed={x.seed}"
+
+
+def test_gradients_are_deterministic():
+    # dQ is written by one program per tile and dK, dV summed in a fixed order: no atomics
+    x = random_qkv(1, 4, 70, 70, 32, torch.float16)
+    do = torch.randn(x.q.shape, device=x.q.device).to(torch.float16)
+    results = []
+    for _ in range(2):
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k[:, :2], x.v[:, :2]))
+        flash_attention(q, k, v, True).backward(do)
+        results.append((q.grad, k.grad, v.grad))
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_rejects_what_it_cannot_do():
+    x = random_qkv(1, 4, 8, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"k's heads \(3\) must divide q's heads \(4\)"):
+        flash_attention(x.q, x.k[:, :3], x.v[:, :3])
+    with pytest.raises(TypeError, match=r"causal must be a bool"):
+        flash_attention(x.q, x.k, x.v, causal=1)
+    with pytest.raises(ValueError, match=r"do must have q's shape"):
+        flash_attn_backward(x.q, x.k, x.v, x.q, x.q[..., 0].float(), x.q[:, :2], False)
+
+
+class _ReferenceForwardKernelBackward(torch.autograd.Function):
+    """The float64 reference as the forward, this chapter's kernels as the backward: gradcheck then
+    compares the kernels' Jacobian with finite differences of the exact function.
+
+    The kernels themselves cannot run in float64: check_attention_inputs accepts float16, bfloat16
+    and float32 only, and their accumulators are float32 (the interpreter computes
+    tl.dot(float64, float64, acc=float32) wrongly). So the backward runs in float32, accurate to
+    ~1e-7 in the interpreter, well inside gradcheck's tolerances."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        o = reference_attention(q, k, v, causal)
+        lse = reference_log_sum_exp(reference_scores(q, k, causal))
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        grads = flash_attn_backward(*(t.float() for t in (q, k, v, o, lse, do)), ctx.causal)
+        return (*(g.double() for g in grads), None)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_gradcheck_against_finite_differences(causal):
+    # tiny: one interpreted backward per output element. GQA (2 query heads, 1 kv head); causal with
+    # n_q > n_k leaves query 0 seeing no key.
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, h, n, 16, generator=gen, dtype=torch.float64).to(DEVICE).requires_grad_()
+               for h, n in ((2, 3), (1, 2), (1, 2)))
+    # on a GPU, tl.dot rounds float32 operands to TF32 (~1e-3): looser there
+    tol = dict(atol=1e-6, rtol=1e-4) if interpreter_active() else dict(atol=5e-3, rtol=5e-3)
+    assert torch.autograd.gradcheck(
+        lambda q, k, v: _ReferenceForwardKernelBackward.apply(q, k, v, causal), (q, k, v), **tol,
+    )
+
+
+@pytest.mark.skipif(not ON_GPU, reason="long sequences are too slow for the interpreter")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_long_sequences_on_gpu(causal, dtype):
+    for case in (Case(1, 4, 4096, 4096, 128), Case(1, 2, 2048, 4096, 64)):
+        x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
+        check_gradients(x.q, x.k, x.v, causal, dtype, x.seed)
