@@ -1,0 +1,153 @@
+"""A small GPT-style language model whose attention is pluggable: this tutorial's kernels or PyTorch's.
+
+Chapter 6 trains it twice from the same seed on the same text, once with `flash_attention` (the
+chapter's forward and backward kernels) and once with `F.scaled_dot_product_attention`, and compares
+the loss curves. Characters are the tokens, so any text will do: the corpus is this repository's own
+prose (`docs/`), which ships with every checkout.
+
+The model is deliberately plain: token and position embeddings, pre-norm blocks of causal
+self-attention and a GELU MLP, a tied output layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def tutorial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention through chapter 6's `flash_attention` (chapter 5's forward, chapter 6's backward)."""
+    from tutorial_kernels.ch06_backward import flash_attention
+
+    return flash_attention(q, k, v, causal=True)
+
+
+def torch_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+ATTENTION: dict[str, AttentionFn] = {"tutorial": tutorial_attention, "torch": torch_attention}
+
+
+@dataclass(frozen=True)
+class GPTConfig:
+    vocab_size: int
+    block_size: int = 64  # context length in characters
+    n_layer: int = 2
+    n_head: int = 2
+    n_embd: int = 64  # head_dim = n_embd / n_head, at least 16 for the kernels
+
+    @property
+    def head_dim(self) -> int:
+        return self.n_embd // self.n_head
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, attention: AttentionFn):
+        super().__init__()
+        self.n_head = config.n_head
+        self.qkv = nn.Linear(config.n_embd, 3 * config.n_embd)
+        self.proj = nn.Linear(config.n_embd, config.n_embd)
+        self.attention = attention
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, N, C = x.shape
+        q, k, v = self.qkv(x).split(C, dim=2)  # each (B, N, C)
+        # (B, N, H, d) viewed as (B, H, N, d): non-contiguous, as Hugging Face models pass them
+        q, k, v = (t.view(B, N, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        y = self.attention(q, k, v)  # (B, H, N, d)
+        return self.proj(y.transpose(1, 2).reshape(B, N, C))
+
+
+class Block(nn.Module):
+    def __init__(self, config: GPTConfig, attention: AttentionFn):
+        super().__init__()
+        self.ln1 = nn.LayerNorm(config.n_embd)
+        self.attn = CausalSelfAttention(config, attention)
+        self.ln2 = nn.LayerNorm(config.n_embd)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(), nn.Linear(4 * config.n_embd, config.n_embd)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x))
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: GPTConfig, attention: str = "tutorial"):
+        super().__init__()
+        if attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {attention!r}")
+        if config.head_dim < 16 or config.n_embd % config.n_head:
+            raise ValueError(
+                f"n_embd ({config.n_embd}) must split into n_head ({config.n_head}) heads of at least 16 dims"
+            )
+        self.config = config
+        self.tok = nn.Embedding(config.vocab_size, config.n_embd)
+        self.pos = nn.Embedding(config.block_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, ATTENTION[attention]) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.head.weight = self.tok.weight  # tied input and output embeddings
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        B, N = idx.shape
+        x = self.tok(idx) + self.pos(torch.arange(N, device=idx.device))  # (B, N, C)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, N, vocab)
+        loss = None if targets is None else F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+        return logits, loss
+
+
+class CharCorpus:
+    """Characters of the repository's own prose, as integer tokens."""
+
+    def __init__(self, text: str | None = None):
+        if text is None:
+            text = "\n".join(p.read_text(encoding="utf-8") for p in sorted((REPO_ROOT / "docs").rglob("*.md")))
+        self.chars = sorted(set(text))
+        self.index = {c: i for i, c in enumerate(self.chars)}
+        self.data = torch.tensor([self.index[c] for c in text], dtype=torch.long)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def batch(self, batch_size: int, block_size: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = torch.randint(len(self.data) - block_size - 1, (batch_size,), generator=generator)
+        x = torch.stack([self.data[s:s + block_size] for s in starts])
+        y = torch.stack([self.data[s + 1:s + 1 + block_size] for s in starts])
+        return x, y
+
+
+def train(
+    attention: str, steps: int, *, config: GPTConfig | None = None, batch_size: int = 8, lr: float = 3e-3,
+    seed: int = 0, device: torch.device | str = "cpu", corpus: CharCorpus | None = None,
+) -> list[float]:
+    """Train from `seed` and return the loss of every step. Same seed and corpus ⇒ same data and init."""
+    corpus = corpus or CharCorpus()
+    config = config or GPTConfig(vocab_size=corpus.vocab_size)
+    torch.manual_seed(seed)
+    model = GPT(config, attention).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    data_gen = torch.Generator().manual_seed(seed)
+    losses = []
+    for _ in range(steps):
+        x, y = corpus.batch(batch_size, config.block_size, data_gen)
+        _, loss = model(x.to(device), y.to(device))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
