@@ -59,7 +59,8 @@ def _pinned(backend_name: str) -> Callable[[], contextlib.AbstractContextManager
 
 
 def _chapter(module: str, name: str, **options) -> Callable:
-    """A chapter's function, imported on first call so `bench` imports no more than it runs."""
+    """A chapter's function, imported on first call so `bench` imports no more than it runs (chapter 1's
+    CUDA kernel compiles on its first call, for example)."""
 
     def call(*args):
         import importlib
@@ -69,22 +70,11 @@ def _chapter(module: str, name: str, **options) -> Callable:
     return call
 
 
-def _ch03(name: str, **options) -> Callable:
-    """A chapter 3 function, imported on first call so `bench` imports no more than it runs."""
-
-    def call(*args):
-        from tutorial_kernels import ch03_tiling_online_softmax as ch03
-
-        return getattr(ch03, name)(*args, **options)
-
-    return call
-
-
 PROVIDERS: dict[str, Provider] = {
     # attention: fn(q, k, v, causal)
     "eager": Provider("eager PyTorch", eager_attention),
     "naive-triton": Provider("naive Triton (ch. 2)", naive_attention),
-    "online-triton": Provider("online-softmax Triton (ch. 3)", _ch03("online_softmax_attention")),
+    "online-triton": Provider("online-softmax Triton (ch. 3)", _chapter("ch03_tiling_online_softmax", "online_softmax_attention")),
     "sdpa-default": Provider("torch SDPA (default pick)", _sdpa),
     "sdpa-flash": Provider("torch SDPA: flash", _sdpa, _pinned("FLASH_ATTENTION")),
     "sdpa-efficient": Provider("torch SDPA: mem-efficient", _sdpa, _pinned("EFFICIENT_ATTENTION")),
@@ -97,12 +87,16 @@ PROVIDERS: dict[str, Provider] = {
     ),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
-    "triton-matmul-pointers": Provider("Triton matmul, pointer tiles (ch. 3)", _ch03("matmul", method="pointers")),
-    "triton-matmul-descriptors": Provider("Triton matmul, descriptors (ch. 3)", _ch03("matmul", method="descriptors")),
+    "triton-matmul-pointers": Provider(
+        "Triton matmul, pointer tiles (ch. 3)", _chapter("ch03_tiling_online_softmax", "matmul", method="pointers")
+    ),
+    "triton-matmul-descriptors": Provider(
+        "Triton matmul, descriptors (ch. 3)", _chapter("ch03_tiling_online_softmax", "matmul", method="descriptors")
+    ),
     # softmax over rows: fn(x)
     "torch-softmax": Provider("torch.softmax", lambda x: torch.softmax(x, dim=-1)),
-    "three-pass-softmax": Provider("three-pass softmax (ch. 2)", _ch03("three_pass_softmax_rows")),
-    "online-softmax": Provider("online softmax (ch. 3)", _ch03("online_softmax")),
+    "three-pass-softmax": Provider("three-pass softmax (ch. 2)", _chapter("ch03_tiling_online_softmax", "three_pass_softmax_rows")),
+    "online-softmax": Provider("online softmax (ch. 3)", _chapter("ch03_tiling_online_softmax", "online_softmax")),
 }
 
 
@@ -275,23 +269,12 @@ SUITES: dict[str, Suite] = {
 # --- chapter 1: reductions -----------------------------------------------------------------------
 
 
-def _ch01(name: str, **options) -> Callable:
-    """A chapter 1 function, imported on first call (the CUDA one compiles on its first call)."""
-
-    def call(*args):
-        from tutorial_kernels import ch01_gpu_hierarchy as ch01
-
-        return getattr(ch01, name)(*args, **options)
-
-    return call
-
-
 PROVIDERS.update({
     # reductions: fn(x) -> float32 scalar
     "torch-sum": Provider("torch.sum (float32 accumulation)", lambda x: torch.sum(x, dtype=torch.float32)),
-    "triton-sum": Provider("Triton sum, repeated passes (ch. 1)", _ch01("triton_sum")),
-    "triton-sum-atomic": Provider("Triton sum, atomics (ch. 1)", _ch01("triton_sum", method="atomic")),
-    "cuda-sum": Provider("CUDA warp-shuffle sum (ch. 1)", _ch01("cuda_sum")),
+    "triton-sum": Provider("Triton sum, repeated passes (ch. 1)", _chapter("ch01_gpu_hierarchy", "triton_sum")),
+    "triton-sum-atomic": Provider("Triton sum, atomics (ch. 1)", _chapter("ch01_gpu_hierarchy", "triton_sum", method="atomic")),
+    "cuda-sum": Provider("CUDA warp-shuffle sum (ch. 1)", _chapter("ch01_gpu_hierarchy", "cuda_sum")),
 })
 
 
@@ -336,18 +319,7 @@ SUITES["ch01-reduction"] = Suite(
 # --- chapter 4: FlashAttention-1 ------------------------------------------------------------------
 
 
-def _ch04(name: str, **options) -> Callable:
-    """A chapter 4 function, imported on first call."""
-
-    def call(*args):
-        from tutorial_kernels import ch04_flash_v1 as ch04
-
-        return getattr(ch04, name)(*args, **options)
-
-    return call
-
-
-PROVIDERS["flash-v1-triton"] = Provider("FlashAttention-1 Triton (ch. 4)", _ch04("flash_attn_v1"))
+PROVIDERS["flash-v1-triton"] = Provider("FlashAttention-1 Triton (ch. 4)", _chapter("ch04_flash_v1", "flash_attn_v1"))
 
 
 SUITES["ch04-sweep"] = Suite(
