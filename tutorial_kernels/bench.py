@@ -43,6 +43,7 @@ class Provider:
     label: str
     fn: Callable
     context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    config: Callable | None = None  # after a call: the configuration an autotuner chose, for the record
 
 
 def _sdpa(q, k, v, causal):
@@ -81,10 +82,14 @@ PROVIDERS: dict[str, Provider] = {
     "sdpa-cudnn": Provider("torch SDPA: cuDNN", _sdpa, _pinned("CUDNN_ATTENTION")),
     "sdpa-math": Provider("torch SDPA: math", _sdpa, _pinned("MATH")),
     "flash-v2-triton": Provider("FlashAttention-2 Triton, teaching (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2")),
-    "flash-v2-tuned": Provider("FlashAttention-2 Triton, tuned (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned")),
+    "flash-v2-tuned": Provider("FlashAttention-2 Triton, tuned (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned"),
+                               config=_chapter("ch05_flash_v2", "tuned_choice")),
     "flash-v2-tuned-pointers": Provider(
         "FlashAttention-2 Triton, tuned, no TMA (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned", descriptors=False)
     ),
+    # differentiable attention (TrainingShape): fn(q, k, v, causal) with autograd
+    "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", _chapter("ch06_backward", "flash_attention"),
+                                config=_chapter("ch06_backward", "tuned_backward_choice")),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
     "triton-matmul-pointers": Provider(
@@ -121,6 +126,10 @@ class Shape:
         x = random_qkv(self.batch, self.heads, self.n, self.n, self.head_dim, getattr(torch, self.dtype), "cuda")
         return (x.q, x.k, x.v, self.causal), x.seed
 
+    def prepare(self, fn: Callable, args: tuple) -> Callable:
+        """The call to time (run inside the provider's context)."""
+        return lambda: fn(*args)
+
     def check(self, out: torch.Tensor, args: tuple) -> dict:
         """One head against the float64 reference: a fast wrong kernel must not be reported."""
         q, k, v, causal = args
@@ -129,6 +138,40 @@ class Shape:
 
     def rates(self, ms: float) -> dict:
         return {"tflops": self.flops / (ms * 1e-3) / 1e12}
+
+
+@dataclass(frozen=True)
+class TrainingShape(Shape):
+    """The same attention problem, differentiated. mode "bwd" times the backward alone (the forward
+    runs once, untimed, and its graph is kept for every repetition); "fwd+bwd" times both."""
+
+    mode: str = "bwd"
+
+    @property
+    def flops(self) -> float:
+        # the backward does five N×N×d matmuls (S again, dV, dP, dQ, dK) to the forward's two:
+        # 2.5 × the forward's count, as in the FlashAttention-2 paper's figures
+        return super().flops * (2.5 if self.mode == "bwd" else 3.5)
+
+    def draw(self) -> tuple[tuple, int]:
+        (q, k, v, causal), seed = super().draw()
+        gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+        do = torch.randn(q.shape, generator=gen, device="cuda").to(q.dtype)  # the upstream gradient
+        return (q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), causal, do), seed
+
+    def prepare(self, fn: Callable, args: tuple) -> Callable:
+        q, k, v, causal, do = args
+        if self.mode == "bwd":
+            out = fn(q, k, v, causal)
+            return lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
+        return lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
+
+    def check(self, grads: tuple, args: tuple) -> dict:
+        """dQ, dK, dV of head 0 against float64 autograd of the reference (heads are independent)."""
+        q, k, v, causal, do = args
+        leaves = [t[:1, :1].detach().double().requires_grad_() for t in (q, k, v)]
+        reference_attention(*leaves, causal).backward(do[:1, :1].double())
+        return {"rel_err_head0": max(relative_error(g[:1, :1], ref.grad) for g, ref in zip(grads, leaves))}
 
 
 @dataclass(frozen=True)
@@ -229,18 +272,33 @@ SUITES: dict[str, Suite] = {
         notes=["The blog draws inputs with torch.rand; we use torch.randn (never zeros, mean zero)."],
     ),
     "ch05-fwd": Suite(
-        description="Chapter 5: FlashAttention-2 forward vs torch's backends, FA2 paper convention "
-        "(B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",
-        providers=["flash-v2-triton", "flash-v2-tuned-pointers", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn"],
-        shapes=_fa2_paper_shapes((64, 128), (512, 1024, 2048, 4096, 8192, 16384)),
+        description="Forward pass of every attention in the tutorial and in torch, FA2 paper convention "
+        "(B·N = 16384, H·d = 2048), d ∈ {64, 128, 256}, fp16 and bf16",
+        providers=["flash-v2-triton", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient",
+                   "flash-v1-triton", "naive-triton", "eager", "sdpa-math"],
+        shapes=_fa2_paper_shapes((64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384)),
         default_out="ch05_fwd.json",
-        notes=["The tuned kernel is autotuned per shape before timing; the teaching kernel runs one fixed config."],
+        notes=["The tuned kernel is autotuned per shape before timing (tiles, warps, stages, and pointer vs "
+               "tensor-descriptor loads); its choice is recorded in each row's 'config'. The teaching kernel "
+               "runs one fixed config."],
     ),
-    "ch05-fwd-d256": Suite(
-        description="Chapter 5: FlashAttention-2 forward at head_dim 256 (B·N = 16384, H = 8), fp16",
-        providers=["flash-v2-triton", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn"],
-        shapes=_fa2_paper_shapes((256,), (1024, 4096, 16384), dtypes=("float16",)),
-        default_out="ch05_fwd_d256.json",
+    "ch06-bwd": Suite(
+        description="Backward pass (dQ, dK, dV given dO; the forward runs once, untimed), FA2 paper convention "
+        "(B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",
+        providers=["flash-attention", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "eager"],
+        shapes=[TrainingShape(s.batch, s.heads, s.n, s.head_dim, s.causal, s.dtype, "bwd")
+                for s in _fa2_paper_shapes((64, 128), (512, 1024, 2048, 4096, 8192, 16384))],
+        default_out="ch06_bwd.json",
+        notes=["TFLOP/s counts 2.5 × the forward's FLOPs (five N×N×d matmuls to the forward's two).",
+               "Our kernels are autotuned per shape before timing; the choices are in each row's 'config'."],
+    ),
+    "ch06-memory": Suite(
+        description="Peak memory and time of forward + backward vs N (B = 1, H = 16, d = 128, fp16, causal)",
+        providers=["flash-attention", "sdpa-flash", "sdpa-cudnn", "eager"],
+        shapes=[TrainingShape(1, 16, n, 128, True, "float16", "fwd+bwd") for n in (1024, 2048, 4096, 8192, 16384, 32768)],
+        default_out="ch06_memory.json",
+        notes=["peak_extra_mib: the most memory allocated during one forward + backward beyond the inputs "
+               "and dO (the gradients themselves, 3 · N · d · H · 2 bytes, are included)."],
     ),
     "ch03-matmul": Suite(
         description="Chapter 3: tiled matmul TFLOP/s vs size (square, fp16) against torch.matmul",
@@ -340,10 +398,12 @@ def measure(provider: Provider, shape, *, warmup_ms: int = 25, rep_ms: int = 100
 
     row: dict = {"provider": provider.label, **asdict(shape)}
     args, row["seed"] = shape.draw()
-    call = lambda: provider.fn(*args)  # noqa: E731
     try:
         with provider.context():
+            call = shape.prepare(provider.fn, args) if hasattr(shape, "prepare") else lambda: provider.fn(*args)
             call()  # compile and autotune outside the measured region
+            if provider.config is not None:
+                row["config"] = provider.config(*args[:4])
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
@@ -455,7 +515,7 @@ def _progress(items: list, desc: str) -> Iterator:
 
 def run_suite(
     name: str, out_path: Path, argv: list[str], providers: list[str] | None = None,
-    lengths: list[int] | None = None, dtypes: list[str] | None = None,
+    lengths: list[int] | None = None, dtypes: list[str] | None = None, append: bool = False,
 ) -> dict:
     suite = SUITES[name]
     chosen = providers or suite.providers
@@ -472,13 +532,31 @@ def run_suite(
         "ceilings": ceilings,
         "results": [],
     }
+    kept = []
+    if append and out_path.exists():
+        # a suite too long for one sitting, run in parts (e.g. one dtype each): keep the earlier
+        # parts' rows, each tagged with the run that measured it, and their provenance
+        earlier = json.loads(out_path.read_text())
+        runs = earlier.get("earlier_runs", []) + [{k: earlier[k] for k in ("provenance", "ceilings")}]
+        result["earlier_runs"] = runs
+        measuring = {(p, s) for p, s in jobs}
+        kept = [r | {"run": r.get("run", len(runs) - 1)} for r in earlier["results"]
+                if (r["provider_key"], _shape_of(r, suite)) not in measuring]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     for p, s in _progress(jobs, name):
         result["results"].append(measure(PROVIDERS[p], s) | {"provider_key": p})
         # rewritten after every row: a run cut short by a time limit still leaves what it measured
         result["complete"] = len(result["results"]) == len(jobs)
-        out_path.write_text(json.dumps(result, indent=1) + "\n")
-    return result
+        out_path.write_text(json.dumps(result | {"results": kept + result["results"]}, indent=1) + "\n")
+    return result | {"results": kept + result["results"]}
+
+
+def _shape_of(row: dict, suite: Suite):
+    """The suite's shape a data row was measured on (rows store the shape's fields)."""
+    for s in suite.shapes:
+        if all(row.get(k) == v for k, v in asdict(s).items()):
+            return s
+    return None
 
 
 def measure_subset(name: str, keep: Callable[[object], bool]) -> dict:
@@ -496,13 +574,14 @@ def _summary(result: dict) -> str:
     """One line per measurement: the provider, the shape, the time, the rate and the check."""
     lines = []
     for r in result["results"]:
-        shape = " ".join(f"{k}={v}" for k, v in r.items() if k in ("n", "causal", "m", "k", "rows", "cols"))
+        shape = " ".join(f"{k}={v}" for k, v in r.items()
+                         if k in ("head_dim", "n", "causal", "dtype", "mode", "m", "k", "rows", "cols"))
         if r["status"] != "ok":
-            lines.append(f"{r['provider']:40} {shape:26} {r['status']}")
+            lines.append(f"{r['provider']:40} {shape:50} {r['status']}")
             continue
         rate = f"{r['tflops']:7.1f} TFLOP/s" if "tflops" in r else f"{r['gb_per_s']:7.0f} GB/s"
         err = r.get("rel_err_head0", r.get("rel_err"))
-        lines.append(f"{r['provider']:40} {shape:26} {r['ms']:9.3f} ms {rate} {r['peak_extra_mib']:9.1f} MiB err {err:.1e}")
+        lines.append(f"{r['provider']:40} {shape:50} {r['ms']:9.3f} ms {rate} {r['peak_extra_mib']:9.1f} MiB err {err:.1e}")
     if "ceilings" in result:
         c = result["ceilings"]
         lines.append(f"ceilings: copy {c['copy_tb_per_s']:.2f} TB/s, fp16 matmul {c['matmul_fp16_tflops']:.0f} TFLOP/s")
@@ -517,11 +596,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--providers", nargs="+", choices=sorted(PROVIDERS), help="subset of the suite's providers")
     parser.add_argument("--n", nargs="+", type=int, dest="lengths", help="only these sequence lengths")
     parser.add_argument("--dtype", nargs="+", dest="dtypes", help="only these dtypes (e.g. float16)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the rows of an existing output file that this run does not re-measure")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("benchmarks time real kernels and need a CUDA GPU; none is visible here")
     out = args.out or DATA_DIR / SUITES[args.suite].default_out
-    result = run_suite(args.suite, out, argv, args.providers, args.lengths, args.dtypes)
+    result = run_suite(args.suite, out, argv, args.providers, args.lengths, args.dtypes, args.append)
     print(_summary(result))
     print(f"wrote {out}")
 

@@ -109,7 +109,7 @@ def _flash_v2_fwd_kernel(
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
-    n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket,
+    n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket, load_choice,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
 ):
@@ -193,21 +193,39 @@ def _teaching_config(head_dim: int) -> dict:
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, num_warps=4, num_stages=2)
 
 
+TILE_CONFIGS = [  # (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner may pick on a GPU
+    (128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2), (128, 32, 4, 4),
+]
+
+# What the launcher allows for K/V loads; the autotuner reads it (a key, so a choice made for
+# contiguous K/V is never reused for a strided one) and `_allowed_loads` prunes by it.
+POINTERS_ONLY, DESCRIPTORS_ONLY, EITHER = 0, 1, 2
+
+
 def _tuning_configs() -> list[triton.Config]:
-    if interpreter_active():
-        return [triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=1)]
+    if interpreter_active():  # one tile size: the interpreter's cost grows with programs × loop steps
+        tiles = [(32, 32, 4, 1)]
+    else:
+        tiles = TILE_CONFIGS
     return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3)]
+        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_DESCRIPTORS": tma}, num_warps=w, num_stages=s)
+        for bm, bn, w, s in tiles for tma in (False, True)
     ]
+
+
+def _allowed_loads(configs, named_args, **kwargs):
+    """Keep the configs whose K/V load method the launcher allows (pointers, descriptors or both)."""
+    allowed = {POINTERS_ONLY: (False,), DESCRIPTORS_ONLY: (True,), EITHER: (False, True)}[named_args["load_choice"]]
+    return [c for c in configs if c.kwargs["USE_DESCRIPTORS"] in allowed]
 
 
 _flash_v2_fwd_tuned = triton.autotune(
     configs=_tuning_configs(),
-    # Tuned once per (length bucket, head_dim, causal, dtype), not per exact length: a new sequence
-    # length reuses the choice made for its power-of-two bucket. Configs that overflow shared
-    # memory fail to compile and are skipped.
-    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D", "USE_DESCRIPTORS"],
+    # Tuned once per (length bucket, head_dim, causal, dtype, load choice), not per exact length: a
+    # new sequence length reuses the choice made for its power-of-two bucket. Configs that overflow
+    # shared memory or registers fail to compile and are skipped.
+    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D", "load_choice"],
+    prune_configs_by={"early_config_prune": _allowed_loads},
 )(_flash_v2_fwd_kernel)
 
 
@@ -229,30 +247,42 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(out, "out", tuple(q.shape), q)
     lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device)
+    if descriptors and not _descriptors_apply(k, v):
+        raise ValueError("descriptors=True needs contiguous k and v with 16-byte aligned rows")
+    if descriptors is None:  # the tuned launcher lets the autotuner choose where TMA may be used
+        choice = EITHER if tuned and k.is_cuda and _descriptors_apply(k, v) else POINTERS_ONLY
+    else:
+        choice = DESCRIPTORS_ONLY if descriptors else POINTERS_ONLY
+    if choice != POINTERS_ONLY and k.is_cuda:
+        triton.set_allocator(_descriptor_scratch)  # process-wide; it only hands out scratch bytes
     args = (
         q, k, v, o, lse,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
         shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
         triton.next_power_of_2(max(shape.n_q, shape.n_k)),  # only the autotuner reads it
+        choice,  # likewise
     )
     block_d = _block_d(shape.head_dim)
-    use_descriptors = tuned and _descriptors_apply(k, v) if descriptors is None else descriptors
-    if use_descriptors:
-        if not _descriptors_apply(k, v):
-            raise ValueError("descriptors=True needs contiguous k and v with 16-byte aligned rows")
-        if k.is_cuda:
-            triton.set_allocator(_descriptor_scratch)  # process-wide; it only hands out scratch bytes
     # EVEN_D: head_dim is a power of two ≥ 16, so full-tile loads need no mask along d
-    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim, USE_DESCRIPTORS=use_descriptors)
+    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim)
     if tuned:
         grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
         _flash_v2_fwd_tuned[grid](*args, **fixed)
     else:
         config = _teaching_config(shape.head_dim)
         grid = (triton.cdiv(shape.n_q, config["BLOCK_M"]), shape.batch * shape.heads)
-        _flash_v2_fwd_kernel[grid](*args, **fixed, **config)
+        _flash_v2_fwd_kernel[grid](*args, **fixed, USE_DESCRIPTORS=choice == DESCRIPTORS_ONLY, **config)
     return o, lse
+
+
+def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
+    """The configuration the autotuner settled on for these inputs (after a call), for reports."""
+    for key, config in _flash_v2_fwd_tuned.cache.items():
+        bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
+        if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and str(q.dtype) in key:
+            return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    return None
 # --8<-- [end:launcher]
 
 
@@ -272,9 +302,10 @@ def flash_attn_v2_tuned(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
     *, out: torch.Tensor | None = None, descriptors: bool | None = None,
 ) -> torch.Tensor:
-    """The same kernel with tile sizes, warps and pipeline depth autotuned per shape on the GPU, and
-    K/V tiles fetched through tensor descriptors (TMA on Hopper) when k and v are contiguous CUDA
-    tensors with 16-byte rows (`descriptors=None`); `descriptors=False` forces pointer loads."""
+    """The same kernel with tile sizes, warps, pipeline depth and the way K/V tiles are loaded
+    autotuned per shape on the GPU. With `descriptors=None` the autotuner may fetch K/V through
+    tensor descriptors (TMA on Hopper) when k and v are contiguous CUDA tensors with 16-byte rows,
+    and keeps whichever is faster; `descriptors=False` forces pointer loads, `True` descriptors."""
     return _launch(q, k, v, causal, sm_scale, out, tuned=True, descriptors=descriptors)[0]
 
 

@@ -117,7 +117,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dkb, stride_dkh, stride_dkn, stride_dkd,
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
-    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale,
+    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program: one BLOCK_N tile of keys of one (batch, key/value head), against every query of
@@ -215,7 +215,7 @@ def _attn_bwd_dq_kernel(
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_dob, stride_doh, stride_dom, stride_dod,
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
-    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale,
+    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head); the only writer of its dQ rows."""
@@ -266,9 +266,9 @@ def _block_d(head_dim: int) -> int:
 
 
 def _backward_config(head_dim: int) -> dict:
-    """One readable configuration. The interpreter's cost grows with programs × loop steps, so it
+    """The teaching configuration. The interpreter's cost grows with programs × loop steps, so it
     gets 32 × 32 tiles; on the GPU, 64 × 64 (32 × 32 above d = 128, where K_j, V_j, dK_j and dV_j
-    alone fill the registers). Not yet tuned or timed on a GPU."""
+    alone fill the registers)."""
     if interpreter_active():
         return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
     if head_dim <= 128:
@@ -276,14 +276,47 @@ def _backward_config(head_dim: int) -> dict:
     return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
 
 
+def _configs(tiles) -> list[triton.Config]:
+    if interpreter_active():
+        tiles = [(32, 32, 4, 1)]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
+
+
+# (BLOCK_M, BLOCK_N, warps, stages). The dK/dV kernel keeps a key tile and its two accumulators on
+# chip and streams query tiles past it, so it favours a wide BLOCK_N and a narrow BLOCK_M; the dQ
+# kernel is the mirror image. Configs that do not fit (d = 256) fail to compile and are skipped.
+_TUNE_KEY = ["length_bucket", "head_dim", "CAUSAL", "BLOCK_D"]
+_dkdv_tuned = triton.autotune(
+    configs=_configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 2), (32, 32, 4, 2)]),
+    key=_TUNE_KEY,
+)(_attn_bwd_dkdv_kernel)
+_dq_tuned = triton.autotune(
+    configs=_configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2), (32, 32, 4, 2)]),
+    key=_TUNE_KEY,
+)(_attn_bwd_dq_kernel)
+
+
+def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
+    """The configurations the autotuner settled on for these inputs (after a backward), for reports."""
+    bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
+    chosen = {}
+    for name, kernel in (("dkdv", _dkdv_tuned), ("dq", _dq_tuned)):
+        for key, config in kernel.cache.items():
+            if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and str(q.dtype) in key:
+                chosen[name] = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+    return chosen or None
+
+
 # --8<-- [start:backward_launcher]
-def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None):
-    """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp."""
+def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *, tuned: bool = True):
+    """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp.
+
+    tuned=True lets Triton's autotuner pick each kernel's tiles per shape on the GPU; tuned=False
+    runs the one teaching configuration of `_backward_config`."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if do.shape != q.shape or do.dtype != q.dtype:
         raise ValueError(f"do must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
                          f"got {tuple(do.shape)} {do.dtype}")
-    config = _backward_config(shape.head_dim)
     block_d = _block_d(shape.head_dim)
     heads, n_q, n_k = shape.heads, shape.n_q, shape.n_k
     delta = torch.empty((shape.batch, heads, n_q), dtype=torch.float32, device=q.device)
@@ -292,23 +325,26 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     lse = lse.contiguous()  # (B, H, n_q), indexed as one row per (batch, head)
 
-    grid_m = (triton.cdiv(n_q, config["BLOCK_M"]), shape.batch * heads)
-    _attn_bwd_preprocess_kernel[grid_m](
+    preprocess_rows = 64
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), shape.batch * heads)](
         o, do, delta, *o.stride(), *do.stride(), heads, n_q, shape.head_dim,
-        BLOCK_M=config["BLOCK_M"], BLOCK_D=block_d,
+        BLOCK_M=preprocess_rows, BLOCK_D=block_d,
     )
-    common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E)
-    grid_n = (triton.cdiv(n_k, config["BLOCK_N"]), shape.batch * shape.kv_heads)
-    _attn_bwd_dkdv_kernel[grid_n](
-        q, k, v, do, lse, delta, dk, dv,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(),
-        *common, CAUSAL=causal, BLOCK_D=block_d, **config,
-    )
-    _attn_bwd_dq_kernel[grid_m](
-        q, k, v, do, lse, delta, dq,
-        *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(),
-        *common, CAUSAL=causal, BLOCK_D=block_d, **config,
-    )
+    common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E,
+              triton.next_power_of_2(max(n_q, n_k)))  # the last: a key for the autotuner only
+    dkdv_args = (q, k, v, do, lse, delta, dk, dv,
+                 *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *common)
+    dq_args = (q, k, v, do, lse, delta, dq,
+               *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *common)
+    grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
+    grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
+    if tuned:
+        _dkdv_tuned[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d)
+        _dq_tuned[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d)
+    else:
+        config = _backward_config(shape.head_dim)
+        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, **config)
+        _attn_bwd_dq_kernel[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d, **config)
     return dq, dk, dv
 # --8<-- [end:backward_launcher]
 
@@ -320,7 +356,7 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = flash_attn_v2_with_lse(q, k, v, causal, sm_scale)
+        o, lse = flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=True)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal = causal
         ctx.sm_scale = sm_scale

@@ -4,24 +4,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import flash_attention, flash_attn_backward
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
-from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, random_qkv
+from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, grad_tolerance, random_qkv
 
 DEVICE = default_device()
-
-
-def grad_tolerance(dtype: torch.dtype) -> float:
-    """Bound on ‖grad − ref‖ / ‖ref‖. Looser than the forward's: P, dS and dO are each rounded to the
-    input dtype before a matrix product, and dK sums n_q such products (tf32 for float32 on a GPU)."""
-    if dtype == torch.float32:
-        return 1e-5 if interpreter_active() else 1e-2
-    if dtype == torch.float16:
-        return 1e-2
-    if dtype == torch.bfloat16:
-        return 5e-2
-    raise TypeError(f"no tolerance for dtype {dtype}")
 
 
 def check_gradients(q, k, v, causal, dtype, seed, sm_scale=None):
@@ -187,3 +176,18 @@ def test_long_sequences_on_gpu(causal, dtype):
     for case in (Case(1, 4, 4096, 4096, 128), Case(1, 2, 2048, 4096, 64)):
         x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
         check_gradients(x.q, x.k, x.v, causal, dtype, x.seed)
+
+
+@pytest.mark.skipif(not ON_GPU, reason="on the interpreter the teaching and tuned launchers run the same one config")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
+def test_teaching_configuration_on_gpu(causal, head_dim):
+    x = random_qkv(2, 3, 300, 500, head_dim, torch.float16)
+    o, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, causal)
+    do = torch.randn(o.shape, device=o.device).to(torch.float16)
+    q64, k64, v64 = (t.double().requires_grad_() for t in (x.q, x.k, x.v))
+    reference_attention(q64, k64, v64, causal).backward(do.double())
+    grads = flash_attn_backward(x.q, x.k, x.v, o, lse, do, causal, tuned=False)
+    for name, got, ref in zip(("dq", "dk", "dv"), grads, (q64.grad, k64.grad, v64.grad)):
+        err = relative_error(got, ref)
+        assert err <= grad_tolerance(torch.float16), f"{name}: {err:.2e}; seed={x.seed}"
