@@ -85,8 +85,11 @@ def _dkdv_from_query_tiles(
     for start_m in range(lo, hi, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_ok = offs_m < n_q
-        q = tl.load(q_src + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-                    mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+        # Qᵢᵀ (d × BLOCK_M), loaded transposed so that every product below is "registers × shared
+        # memory" without moving a computed tile between layouts: Sᵀ and Pᵀ come out of K Qᵀ already
+        # in the shape the dV and dK products consume.
+        q_t = tl.load(q_src + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm,
+                      mask=d_ok[:, None] & m_ok[None, :], other=0.0)
         do = tl.load(do_src + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
                      mask=m_ok[:, None] & d_ok[None, :], other=0.0)
         lse = tl.load(lse_src + offs_m, mask=m_ok, other=float("inf"))
@@ -94,15 +97,15 @@ def _dkdv_from_query_tiles(
         lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log₂ units
         delta = tl.load(delta_src + offs_m, mask=m_ok, other=0.0)
 
-        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N) raw scores, float32
-        p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}, recomputed
+        s_t = tl.dot(k, q_t)  # Sᵀ = K_j Qᵢᵀ, (BLOCK_N, BLOCK_M) raw scores, float32
+        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τSᵀ − lse}, recomputed
         if MASKED:
-            visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
-            p = tl.where(visible, p, 0.0)
-        dv = tl.dot(tl.trans(p.to(do.dtype)), do, dv)  # dV_j ← dV_j + Pᵀ dO_i
-        dp = tl.dot(do, tl.trans(v))  # dP = dO_i V_jᵀ, float32
-        ds = p * (dp - delta[:, None])  # dS = P ∘ (dP − Δ); 0 wherever P is 0
-        dk = tl.dot(tl.trans(ds.to(q.dtype)), q, dk)  # dK_j ← dK_j + dSᵀ Q_i  (τ applied at the end)
+            visible = offs_n[:, None] <= offs_m[None, :] + (n_k - n_q)  # bottom-right causal
+            p_t = tl.where(visible, p_t, 0.0)
+        dv = tl.dot(p_t.to(do.dtype), do, dv)  # dV_j ← dV_j + Pᵀ dOᵢ
+        dp_t = tl.dot(v, tl.trans(do))  # dPᵀ = V_j dOᵢᵀ, float32
+        ds_t = p_t * (dp_t - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ − Δ); 0 wherever P is 0
+        dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)  # dK_j ← dK_j + dSᵀ Qᵢ  (τ applied at the end)
     return dk, dv
 # --8<-- [end:dkdv_inner]
 
