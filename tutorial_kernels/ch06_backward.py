@@ -311,11 +311,12 @@ def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 
 
 # --8<-- [start:backward_launcher]
-def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *, tuned: bool = True):
+def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *, tuned: bool = True,
+                        configs: tuple[triton.Config, triton.Config] | None = None):
     """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp.
 
     tuned=True lets Triton's autotuner pick each kernel's tiles per shape on the GPU; tuned=False
-    runs the one teaching configuration of `_backward_config`."""
+    runs the one teaching configuration of `_backward_config`, or `configs` = (dK/dV's, dQ's)."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if do.shape != q.shape or do.dtype != q.dtype:
         raise ValueError(f"do must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
@@ -345,9 +346,10 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
         _dkdv_tuned[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d)
         _dq_tuned[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d)
     else:
-        config = _backward_config(shape.head_dim)
-        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, **config)
-        _attn_bwd_dq_kernel[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d, **config)
+        teaching = _backward_config(shape.head_dim)
+        dkdv_config, dq_config = (teaching, teaching) if configs is None else (c.all_kwargs() for c in configs)
+        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, **dkdv_config)
+        _attn_bwd_dq_kernel[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d, **dq_config)
     return dq, dk, dv
 # --8<-- [end:backward_launcher]
 
@@ -358,11 +360,10 @@ class FlashAttentionFunction(torch.autograd.Function):
     numbers, never the (n_q × n_k) matrix P."""
 
     @staticmethod
-    def forward(ctx, q, k, v, causal, sm_scale):
-        o, lse = flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=True)
+    def forward(ctx, q, k, v, causal, sm_scale, tuned):
+        o, lse = flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=tuned)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal = causal
-        ctx.sm_scale = sm_scale
+        ctx.causal, ctx.sm_scale, ctx.tuned = causal, sm_scale, tuned
         return o
 
     @staticmethod
@@ -371,18 +372,23 @@ class FlashAttentionFunction(torch.autograd.Function):
         # dO comes with whatever strides autograd built (an expanded tensor after .sum() has stride
         # 0); the kernels honour any strides, but a dense copy reads faster on the GPU.
         do = do.contiguous()
-        dq, dk, dv = flash_attn_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale)
-        return dq, dk, dv, None, None
+        dq, dk, dv = flash_attn_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale, tuned=ctx.tuned)
+        return dq, dk, dv, None, None, None
 # --8<-- [end:autograd]
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    *, tuned: bool = True,
 ) -> torch.Tensor:
     """softmax(scale · Q Kᵀ) V, differentiable: trains like `F.scaled_dot_product_attention`.
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H; 16 ≤ d ≤ 256; any strides;
     float16, bfloat16 or float32. Causal masks are bottom-right aligned (chapter 2's convention).
+    tuned=True autotunes the forward and both backward kernels per shape on the GPU (the first call
+    at a new shape pays for the tuning); tuned=False runs the teaching configurations.
     """
     check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
-    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale)
+    if not isinstance(tuned, bool):
+        raise TypeError(f"tuned must be a bool, got {type(tuned).__name__}")
+    return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, tuned)

@@ -5,8 +5,15 @@ import math
 import pytest
 import torch
 
-from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
+from tutorial_kernels.ch05_flash_v2 import (
+    _flash_v2_fwd_tuned,
+    _launch,
+    flash_attn_v2,
+    flash_attn_v2_tuned,
+    flash_attn_v2_with_lse,
+)
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
+from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.testing import (
     KERNEL_DTYPES,
     ON_GPU,
@@ -20,11 +27,9 @@ from tutorial_kernels.testing import (
 LAUNCHERS = [flash_attn_v2, flash_attn_v2_tuned]
 CASES = attention_cases(head_dims=(16, 32, 64, 80, 96, 128, 256))
 # The tuned launcher runs the same kernel body; on a GPU every new (length bucket, d, dtype) costs an
-# autotuning pass, so it is checked on fewer shapes there: the real model sizes and the odd ones.
-TUNED_CASES = CASES if not ON_GPU else [
-    Case(2, 3, 1, 1, 64), Case(2, 3, 17, 17, 128), Case(2, 3, 257, 257, 80), Case(2, 4, 100, 1000, 64),
-    Case(1, 8, 1000, 100, 128), Case(1, 2, 300, 300, 256),
-]
+# autotuning pass, so it is checked on fewer shapes there; `test_every_tuning_config` checks each
+# configuration the autotuner may pick, without timing them.
+TUNED_CASES = CASES if not ON_GPU else [Case(2, 3, 17, 17, 128), Case(2, 4, 100, 1000, 80), Case(1, 2, 300, 300, 256)]
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
@@ -75,7 +80,8 @@ def test_log_sum_exp(n_q, n_k, causal):
     assert torch.all(out[hidden] == 0)
     if (~hidden).any():
         err = (lse[~hidden].double() - ref_lse[~hidden]).abs().max().item()
-        assert err < 1e-4, f"lse off by {err:.2e}; seed={x.seed}"
+        bound = 1e-4 if interpreter_active() else 1e-2  # a GPU's float32 tl.dot rounds to TF32 (~1e-3)
+        assert err < bound, f"lse off by {err:.2e}; seed={x.seed}"
     assert_close(out, reference_attention(x.q, x.k, x.v, causal), torch.float32, seed=x.seed)
 
 
@@ -111,3 +117,24 @@ def test_descriptors_need_contiguous_rows():
     x = random_qkv(1, 2, 8, 8, 64, torch.float16, layout="bnhd")
     with pytest.raises(ValueError, match=r"descriptors=True needs contiguous k and v"):
         flash_attn_v2_tuned(x.q, x.k, x.v, descriptors=True)
+
+
+TUNING_CONFIGS = _flash_v2_fwd_tuned.configs
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter has one tuning config, the teaching one's tiles")
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (80, torch.bfloat16), (256, torch.float16)], ids=str)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("config", TUNING_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.all_kwargs().items()))
+def test_every_tuning_config(config, causal, head_dim, dtype):
+    """Whatever the autotuner picks on whatever GPU must be right: every candidate, at ragged n_q ≠ n_k."""
+    from triton.runtime.errors import OutOfResources
+
+    x = random_qkv(2, 3, 200, 333, head_dim, dtype)
+    try:
+        out, _ = _launch(x.q, x.k, x.v, causal, None, None, tuned=False, config=config)
+    except OutOfResources as err:  # the autotuner skips such configs too
+        pytest.skip(f"does not fit at head_dim {head_dim}: {err}")
+    except ValueError as err:  # descriptors refused for these rows (float32 above d = 128)
+        pytest.skip(str(err))
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)

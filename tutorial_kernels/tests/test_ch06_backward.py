@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
-from tutorial_kernels.ch06_backward import flash_attention, flash_attn_backward
+from tutorial_kernels.ch06_backward import _dkdv_tuned, _dq_tuned, flash_attention, flash_attn_backward
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
 from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, grad_tolerance, random_qkv
@@ -13,10 +13,13 @@ from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, grad_tolerance
 DEVICE = default_device()
 
 
-def check_gradients(q, k, v, causal, dtype, seed, sm_scale=None):
-    """Gradients of flash_attention vs float64 autograd of reference_attention, for a random dO."""
+def check_gradients(q, k, v, causal, dtype, seed, sm_scale=None, tuned=False):
+    """Gradients of flash_attention vs float64 autograd of reference_attention, for a random dO.
+
+    tuned=False by default: on a GPU every new shape would cost an autotuning pass; the tuned path
+    is checked by its own tests below (on the interpreter the two are the same)."""
     q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    out = flash_attention(q, k, v, causal, sm_scale)
+    out = flash_attention(q, k, v, causal, sm_scale, tuned=tuned)
     gen = torch.Generator(device=q.device).manual_seed(seed + 1)
     do = torch.randn(out.shape, generator=gen, device=q.device).to(dtype)  # never zeros
     out.backward(do)
@@ -178,16 +181,39 @@ def test_long_sequences_on_gpu(causal, dtype):
         check_gradients(x.q, x.k, x.v, causal, dtype, x.seed)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="on the interpreter the teaching and tuned launchers run the same one config")
+@pytest.mark.skipif(not ON_GPU, reason="on the interpreter the tuned launchers run the teaching config")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 80, 128, 256])
-def test_teaching_configuration_on_gpu(causal, head_dim):
-    x = random_qkv(2, 3, 300, 500, head_dim, torch.float16)
-    o, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, causal)
+@pytest.mark.parametrize("case", [Case(2, 3, 300, 500, 64), Case(1, 4, 1000, 1000, 128), Case(1, 2, 257, 130, 80)],
+                         ids=lambda c: c.id)
+def test_tuned_gradients_on_gpu(case, causal, dtype):
+    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
+    check_gradients(x.q, x.k, x.v, causal, dtype, x.seed, tuned=True)
+
+
+BACKWARD_CONFIGS = list(zip(_dkdv_tuned.configs, _dq_tuned.configs))
+
+
+@pytest.mark.skipif(not ON_GPU, reason="the interpreter has one tuning config, the teaching one's tiles")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("configs", BACKWARD_CONFIGS,
+                         ids=lambda c: "dkdv{}x{}-dq{}x{}".format(c[0].kwargs["BLOCK_M"], c[0].kwargs["BLOCK_N"],
+                                                                 c[1].kwargs["BLOCK_M"], c[1].kwargs["BLOCK_N"]))
+def test_every_backward_config(configs, causal, head_dim):
+    """Each tuning candidate of both kernels, at ragged n_q ≠ n_k with GQA: the autotuner may pick any."""
+    from triton.runtime.errors import OutOfResources
+
+    x = random_qkv(2, 4, 300, 500, head_dim, torch.float16)
+    k, v = x.k[:, :2], x.v[:, :2]
+    o, lse = flash_attn_v2_with_lse(x.q, k, v, causal)
     do = torch.randn(o.shape, device=o.device).to(torch.float16)
-    q64, k64, v64 = (t.double().requires_grad_() for t in (x.q, x.k, x.v))
+    try:
+        grads = flash_attn_backward(x.q, k, v, o, lse, do, causal, tuned=False, configs=configs)
+    except OutOfResources as err:  # the autotuner skips such configs too
+        pytest.skip(f"does not fit at head_dim {head_dim}: {err}")
+    q64, k64, v64 = (t.double().requires_grad_() for t in (x.q, k, v))
     reference_attention(q64, k64, v64, causal).backward(do.double())
-    grads = flash_attn_backward(x.q, x.k, x.v, o, lse, do, causal, tuned=False)
     for name, got, ref in zip(("dq", "dk", "dv"), grads, (q64.grad, k64.grad, v64.grad)):
         err = relative_error(got, ref)
         assert err <= grad_tolerance(torch.float16), f"{name}: {err:.2e}; seed={x.seed}"
