@@ -495,15 +495,17 @@ def _nvidia_smi(field_name: str) -> str | None:
 
 
 def _git_commit() -> str:
-    """The commit measured: from git when the checkout has it, else from FA_GIT_COMMIT (set by the
-    caller when only a copy of the working tree travels to the GPU machine)."""
+    """The commit measured: FA_GIT_COMMIT when the caller sets it (only a copy of the working tree
+    travels to the GPU machine, and a .git beside it may be stale), else git's HEAD."""
+    if os.environ.get("FA_GIT_COMMIT"):
+        return os.environ["FA_GIT_COMMIT"]
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True
         )
         return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return os.environ.get("FA_GIT_COMMIT", "unknown")
+        return "unknown"
 
 
 def _progress(items: list, desc: str) -> Iterator:

@@ -107,8 +107,8 @@ def test_trains_like_scaled_dot_product_attention():
         # a loss, as in training; dO = w expanded to (B, H, N, d): strides (0, 0, 0, 1)
         (fn(q, k, v, True) * w).sum().backward()
         grads.append((q.grad, k.grad, v.grad))
-    for mine, theirs in zip(*grads):
-        assert relative_error(mine, theirs) < 1e-5, f"seed={x.seed}"
+    for mine, theirs in zip(*grads):  # float32: exact on the interpreter, TF32 products on a GPU
+        assert relative_error(mine, theirs) < grad_tolerance(torch.float32), f"seed={x.seed}"
 
 
 def test_gradients_are_deterministic():

@@ -1,0 +1,133 @@
+"""Figures of the LLM prefill study (data/prefill.json, written by `python -m tutorial_kernels.prefill`).
+
+Registered in `tutorial_kernels.plots`' figure registry when plots.py imports this module; the page
+docs/llm-prefill.md places them with `<!-- figure: prefill-speedup -->` and
+`<!-- figure: prefill-latency -->`.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tutorial_kernels.plots import PROVIDER_COLOURS, _layout, figure, load_data
+
+# the colours the benchmark pages use for the same kernels
+IMPL_COLOURS = {
+    "eager": PROVIDER_COLOURS["eager"],
+    "sdpa": PROVIDER_COLOURS["sdpa-default"],
+    "tutorial_fa2": PROVIDER_COLOURS["flash-v2-tuned"],
+}
+# one colour per prompt length, light to dark as in a sequential scale
+LENGTH_COLOURS = ["#c6dbef", "#9ecae1", "#6baed6", "#3182bd", "#08519c", "#08306b"]
+
+
+def _rows(data: dict) -> dict:
+    """(model, impl, n) → row."""
+    return {(r["model"], r["impl"], r["n"]): r for r in data["results"]}
+
+
+def _lengths(data: dict) -> list[int]:
+    return sorted({r["n"] for r in data["results"]})
+
+
+def _impl_label(data: dict, impl: str) -> str:
+    return data["implementations"][impl]
+
+
+def _not_measured(data: dict) -> str:
+    """A line naming every point that has no time, and why."""
+    models = data["models"]
+    gaps = [f"{models[r['model']]['label']} {r['impl']} N={r['n']}: {r['status']}"
+            for r in data["results"] if r["status"] != "ok"]
+    return "not measured — " + "; ".join(gaps) if gaps else ""
+
+
+@figure("prefill-speedup")
+def prefill_speedup(data: dict | None = None) -> go.Figure:
+    """The ROCm blog's grouped bars: prefill speedup over eager attention, per model and prompt length,
+    one panel per faster implementation (torch SDPA, and this tutorial's kernel)."""
+    data = data or load_data("prefill")
+    rows = _rows(data)
+    lengths = _lengths(data)
+    impls = [i for i in data["implementations"] if i != "eager"]
+    fig = make_subplots(rows=1, cols=len(impls), shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=[_impl_label(data, i) for i in impls])
+    labels = [m["label"] for m in data["models"].values()]
+    for col, impl in enumerate(impls, start=1):
+        for i, n in enumerate(lengths):
+            speedups, texts, hovers = [], [], []
+            for key, model in data["models"].items():
+                eager, ours = rows.get((key, "eager", n)), rows.get((key, impl, n))
+                if eager and ours and eager["status"] == ours["status"] == "ok":
+                    s = eager["ms"] / ours["ms"]
+                    speedups.append(s)
+                    texts.append(f"{s:.2f}")
+                    hovers.append(f"{s:.2f}× (eager {eager['ms']:.1f} ms → {ours['ms']:.1f} ms)")
+                else:  # no bar, a short label on the axis instead: which side is missing
+                    missing = [(name, r["status"] if r else "not run")
+                               for name, r in (("eager", eager), (impl, ours)) if not r or r["status"] != "ok"]
+                    speedups.append(0)
+                    texts.append("OOM" if all(st in ("oom", "skipped") for _, st in missing) else "—")
+                    hovers.append(", ".join(f"{name} {st}" for name, st in missing))
+            fig.add_trace(go.Bar(
+                x=labels, y=speedups, text=texts, textposition="outside", textfont=dict(size=9), cliponaxis=False,
+                name=f"N = {n}", legendgroup=str(n), showlegend=col == 1,
+                marker_color=LENGTH_COLOURS[i % len(LENGTH_COLOURS)], customdata=hovers,
+                hovertemplate="%{x}, N = " + str(n) + ": %{customdata}<extra></extra>",
+            ), row=1, col=col)
+    fig.add_hline(y=1.0, line=dict(color=IMPL_COLOURS["eager"], dash="dot"))
+    fig.update_yaxes(title="prefill speedup over eager attention (×)", rangemode="tozero", col=1)
+    gaps = _not_measured(data)
+    if gaps:
+        fig.add_annotation(text=gaps, xref="paper", yref="paper", x=0, y=-0.3, showarrow=False,
+                           font=dict(size=11), xanchor="left")
+    fig.update_layout(barmode="group", height=540)
+    fig = _layout(fig, data, "Prefill speedup over eager attention, batch 1, bfloat16 (grouped like the ROCm blog's)")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.12), margin=dict(t=140, b=140))
+    return fig
+
+
+@figure("prefill-latency")
+def prefill_latency(data: dict | None = None) -> go.Figure:
+    """Prefill latency against prompt length, one panel per model, one line per implementation.
+    Points where an implementation ran out of memory are marked ✕ at the top of the panel."""
+    data = data or load_data("prefill")
+    rows = _rows(data)
+    lengths = _lengths(data)
+    models = data["models"]
+    fig = make_subplots(rows=1, cols=len(models), horizontal_spacing=0.06,
+                        subplot_titles=[f"{m['label']}<br><sup>{m['params_billion']:.1f} B parameters</sup>"
+                                        for m in models.values()])
+    for col, key in enumerate(models, start=1):
+        ok_ms = [r["ms"] for (m, _, _), r in rows.items() if m == key and r["status"] == "ok"]
+        top = max(ok_ms, default=1.0) * 1.8  # where the out-of-memory marks go, above every measured point
+        for impl in data["implementations"]:
+            picked = [rows[(key, impl, n)] for n in lengths if (key, impl, n) in rows]
+            ok = [r for r in picked if r["status"] == "ok"]
+            fig.add_trace(go.Scatter(
+                x=[r["n"] for r in ok], y=[r["ms"] for r in ok], mode="lines+markers",
+                name=_impl_label(data, impl), legendgroup=impl, showlegend=col == 1,
+                line=dict(color=IMPL_COLOURS.get(impl)),
+                customdata=[[r["peak_gib"], r["reps"]] for r in ok],
+                hovertemplate="N = %{x}: %{y:.1f} ms (peak %{customdata[0]:.1f} GiB, median of %{customdata[1]})"
+                              "<extra>" + _impl_label(data, impl) + "</extra>",
+            ), row=1, col=col)
+            failed = [r for r in picked if r["status"] != "ok"]
+            if failed:
+                fig.add_trace(go.Scatter(
+                    x=[r["n"] for r in failed], y=[top] * len(failed), mode="markers+text",
+                    text=["OOM" if r["status"] in ("oom", "skipped") else r["status"] for r in failed],
+                    textposition="bottom center", textfont=dict(size=10, color=IMPL_COLOURS.get(impl)),
+                    marker=dict(symbol="x", size=10, color=IMPL_COLOURS.get(impl)),
+                    name=f"{_impl_label(data, impl)}: not measured", legendgroup=impl, showlegend=False,
+                    customdata=[r.get("reason", r["status"]) for r in failed],
+                    hovertemplate="N = %{x}: %{customdata}<extra>" + _impl_label(data, impl) + "</extra>",
+                ), row=1, col=col)
+    fig.update_xaxes(title="prompt length N (tokens)", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
+    fig.update_yaxes(type="log", dtick="D2")  # 1, 2, 5 per decade: the default labels every digit
+    fig.update_yaxes(title="prefill latency, one forward (ms)", col=1)
+    fig.update_layout(height=540)
+    fig = _layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.2), margin=dict(t=140, b=120))
+    return fig

@@ -1,0 +1,223 @@
+"""Chapter 5's FlashAttention-2 forward as an attention implementation for Hugging Face `transformers`.
+
+In transformers 5 a model's attention layers do not call a fixed function: they look up
+`config._attn_implementation` in `transformers.AttentionInterface` and call what is registered
+there as
+
+    fn(module, query, key, value, attention_mask, *, scaling, dropout, **kwargs) -> (output, weights)
+
+with query (B, H, n_q, d), key and value (B, H_kv, n_k, d), and output (B, n_q, H, d). A second
+registry, `transformers.masking_utils.AttentionMaskInterface`, says how the model builds the
+`attention_mask` that reaches that function. `register()` adds both under one name, after which
+
+    model.set_attn_implementation("tutorial_fa2")
+    AutoModelForCausalLM.from_pretrained(..., attn_implementation="tutorial_fa2")
+
+route every attention layer through this tutorial's kernel. What the kernel computes, and what it
+refuses rather than computing something else:
+
+* grouped-query attention natively: key/value heads are never repeated (the kernel maps query head
+  h to key/value head h // (H / H_kv));
+* any head dimension from 16 to 256, so Phi-2's 80 as well as Llama's 128;
+* causal attention with the mask aligned to the bottom-right corner, which is what a model with a
+  key/value cache needs (see `tutorial_flash_attention`);
+* no padding, no sliding window that actually cuts keys off, no dropout, no soft-capping, no
+  attention sinks: each raises a ValueError that says so instead of returning a wrong answer.
+
+Importing this module imports neither transformers (`register` does) nor touches a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned
+
+# Not "tutorial_flash": transformers 5 reads any implementation name containing "flash" as a request
+# for the flash-attn package (`is_flash_attention_requested`) and tries to import it from the Hub.
+DEFAULT_NAME = "tutorial_fa2"
+
+_HELP = ("use attn_implementation='sdpa' (or 'eager') for inputs that need it, or run unpadded "
+         "batches: one sequence, or sequences of equal length with an all-ones attention_mask")
+
+
+# --8<-- [start:attention_forward]
+def tutorial_flash_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # (B, H, n_q, d)
+    key: torch.Tensor,  # (B, H_kv, n_k, d), H_kv dividing H: not repeated
+    value: torch.Tensor,  # (B, H_kv, n_k, d)
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    """softmax(scaling · Q Kᵀ) V through chapter 5's kernel, in the calling convention of
+    `transformers.AttentionInterface`. Returns ((B, n_q, H, d) contiguous, None): attention weights
+    are never formed, which is the point of the kernel.
+
+    Causal or not comes from the `is_causal` keyword when the model passes one, else from
+    `module.is_causal`, as in transformers' own SDPA path. The causal mask is aligned to the
+    bottom-right corner: query i of n_q sees keys j ≤ i + (n_k − n_q). With a key/value cache that is
+    exactly right: the n_q new tokens are the last n_q of n_k, and a one-token decoding step
+    (n_q = 1) sees every cached key, as it must.
+
+    `attention_mask` is None when the model needs no mask (`tutorial_flash_mask` sees to that for
+    causal and unpadded inputs). A mask that arrives anyway is accepted only if it hides nothing the
+    kernel would not hide; anything else (padding, a packed batch, a static cache's empty slots, an
+    additive bias) raises a ValueError.
+
+    With autograd recording (training), the call goes through chapter 6's `flash_attention`, whose
+    backward kernels give the gradients; at inference, through the forward alone.
+    """
+    if dropout:
+        raise ValueError(
+            f"dropout: this tutorial's kernel has no attention dropout, got dropout={dropout}; call model.eval() "
+            "for inference, or set config.attention_dropout = 0.0 to train without it"
+        )
+    for name in ("softcap", "s_aux", "cu_seq_lens_q", "cu_seq_lens_k"):
+        if kwargs.get(name) is not None:
+            what = {"softcap": "logit soft-capping", "s_aux": "attention sinks"}.get(name, "packed (varlen) sequences")
+            raise ValueError(f"{name}: this tutorial's kernel does not support {what}, "
+                             f"got {name}={kwargs[name]!r}; {_HELP}")
+    n_q, n_k = query.shape[2], key.shape[2]
+    window = kwargs.get("sliding_window")
+    if window is not None and n_k > window:
+        raise ValueError(
+            f"sliding_window: the model restricts each query to the last {window} keys, and here there are "
+            f"{n_k} keys, so the window would hide some; this tutorial's kernel computes full causal "
+            f"attention only. Keep prompts within {window} tokens, or use attn_implementation='sdpa' (or 'eager')"
+        )
+    is_causal = kwargs.get("is_causal")
+    causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    if attention_mask is not None:
+        _check_mask_is_redundant(attention_mask, n_q, n_k, causal)
+
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+        from tutorial_kernels.ch06_backward import flash_attention  # forward + backward kernels
+
+        out = flash_attention(query, key, value, causal, scaling, tuned=query.is_cuda)
+    elif query.is_cuda:
+        out = flash_attn_v2_tuned(query, key, value, causal, scaling)  # autotuned per length bucket
+    else:
+        out = flash_attn_v2(query, key, value, causal, scaling)  # the interpreter: one small config
+    # (B, H, n_q, d) -> (B, n_q, H, d), the layout the model's output projection reads; the same
+    # one copy that transformers' SDPA path makes
+    return out.transpose(1, 2).contiguous(), None
+# --8<-- [end:attention_forward]
+
+
+def _check_mask_is_redundant(mask: torch.Tensor, n_q: int, n_k: int, causal: bool) -> None:
+    """Raise unless `mask` lets every (query, key) pair through that the kernel attends to, and no other.
+
+    transformers hands over boolean masks (True = attend) or additive float masks (0 = attend, a large
+    negative number = hidden); a float mask with any other value is a bias the kernel cannot add.
+    """
+    if mask.dim() != 4 or mask.shape[-2:] != (n_q, n_k):
+        raise ValueError(
+            f"attention_mask: this tutorial's kernel accepts no mask, or a redundant 4-D mask of shape "
+            f"(B, 1, {n_q}, {n_k}); got shape {tuple(mask.shape)}. It does not support padding; {_HELP}"
+        )
+    if mask.dtype == torch.bool:
+        visible = mask
+    else:
+        visible = mask == 0
+        hidden = mask <= torch.finfo(mask.dtype).min / 2
+        if not bool((visible | hidden).all()):
+            raise ValueError(
+                "attention_mask: the float mask holds values other than 0 and -inf (an additive bias such as "
+                f"ALiBi or a relative-position bias), which this tutorial's kernel cannot add; {_HELP}"
+            )
+    rows = torch.arange(n_q, device=mask.device)[:, None]
+    cols = torch.arange(n_k, device=mask.device)[None, :]
+    expected = cols <= rows + (n_k - n_q) if causal else torch.ones(n_q, n_k, dtype=torch.bool, device=mask.device)
+    differ = int((visible != expected).sum())
+    if differ:
+        pattern = "bottom-right causal" if causal else "full (non-causal)"
+        raise ValueError(
+            f"attention_mask: this tutorial's kernel computes {pattern} attention over all {n_k} keys and "
+            f"cannot apply this mask, which differs from that in {differ} of {visible.numel()} (query, key) "
+            f"entries: padding, packed sequences or the empty slots of a static cache are not supported; {_HELP}"
+        )
+
+
+# --8<-- [start:mask]
+def tutorial_flash_mask(
+    batch_size: int,
+    q_length: int,
+    kv_length: int,
+    q_offset: int = 0,
+    kv_offset: int = 0,
+    mask_function=None,
+    attention_mask: torch.Tensor | None = None,
+    local_size: int | None = None,
+    allow_is_causal_skip: bool = True,
+    allow_is_bidirectional_skip: bool = False,
+    **kwargs,
+) -> torch.Tensor | None:
+    """What the model passes to `tutorial_flash_attention` as its mask: None whenever the kernel's own
+    masking (causal or none) is exactly the mask asked for, so no (n_q × n_k) tensor is ever built.
+
+    Without this registration transformers would pass None for every input of a custom
+    implementation, padded or not, and a padded batch would be computed wrongly without a word.
+
+    A 2-D padding mask that hides a token raises here, once per forward. Patterns the kernel cannot
+    produce (packed sequences, a sliding window that bites, a static cache's empty slots, masks the
+    model asked to be materialised) are built as transformers builds them for SDPA, and
+    `tutorial_flash_attention` then refuses them, or runs if they turn out to hide nothing more.
+    """
+    from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
+
+    mask_function = causal_mask_function if mask_function is None else mask_function
+    if attention_mask is not None:
+        seen = attention_mask[:, kv_offset : kv_offset + kv_length]
+        if not bool(seen.all()):
+            pads = int((~seen.bool()).sum())
+            raise ValueError(
+                f"attention_mask: this tutorial's kernel does not support padding, and the 2-D attention_mask "
+                f"marks {pads} of {seen.numel()} positions as padding (0); {_HELP}"
+            )
+        whole = attention_mask.shape[-1] >= kv_offset + kv_length  # shorter: a static cache's empty slots follow
+    else:
+        whole = True
+    window_harmless = local_size is not None and kv_length < local_size  # transformers' own test, see sdpa_mask
+    if isinstance(q_offset, torch.Tensor):
+        q_offset = int(q_offset)
+    # the kernel's causal mask is bottom-right aligned: right when the last query is the last key
+    aligned = q_offset + q_length == kv_offset + kv_length
+    plain_causal = allow_is_causal_skip and aligned and (mask_function is causal_mask_function or window_harmless)
+    plain_full = allow_is_bidirectional_skip and (mask_function is bidirectional_mask_function or window_harmless)
+    if whole and (plain_causal or plain_full):
+        return None
+    return sdpa_mask(
+        batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset, kv_offset=kv_offset,
+        mask_function=mask_function, attention_mask=attention_mask, local_size=local_size,
+        allow_is_causal_skip=False, allow_is_bidirectional_skip=False, **kwargs,
+    )
+# --8<-- [end:mask]
+
+
+# --8<-- [start:register]
+def register(name: str = DEFAULT_NAME) -> str:
+    """Make `name` an attention implementation transformers accepts, and return it.
+
+    Adds `tutorial_flash_attention` to `AttentionInterface` (what each layer calls) and
+    `tutorial_flash_mask` to `AttentionMaskInterface` (what mask the model builds for it). Both are
+    process-wide dictionaries, so calling again, from any module, changes nothing.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"name must be a non-empty str, got {type(name).__name__} {name!r}")
+    if "flash" in name or "/" in name or "|" in name:
+        # transformers parses these: "flash" → the flash-attn package, "org/repo" → a Hub kernel, "paged|…"
+        raise ValueError(f"name must not contain 'flash', '/' or '|', which transformers reads as other "
+                         f"implementations (flash-attn, Hub kernels, paged attention); got {name!r}")
+    taken = AttentionInterface._global_mapping.get(name, tutorial_flash_attention)
+    if name == "eager" or taken is not tutorial_flash_attention:
+        raise ValueError(f"name {name!r} is already an attention implementation of transformers; choose another")
+    AttentionInterface.register(name, tutorial_flash_attention)
+    AttentionMaskInterface.register(name, tutorial_flash_mask)
+    return name
+# --8<-- [end:register]

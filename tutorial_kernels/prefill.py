@@ -1,0 +1,349 @@
+"""LLM prefill latency with each attention implementation: `python -m tutorial_kernels.prefill [--out PATH]`.
+
+The ROCm blog's end-to-end study, redone with this tutorial's kernel as one of the contestants:
+Mistral-7B, Llama-3-8B and Phi-2 in Hugging Face `transformers`, one forward pass over a prompt of
+N tokens (batch 1), with attention computed by
+
+* `eager`: transformers' plain PyTorch attention (Q Kᵀ, softmax, P V; the scores in HBM);
+* `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (FlashAttention-2 or cuDNN inside);
+* `tutorial_fa2`: chapter 5's Triton kernel, registered by `tutorial_kernels.hf_attention`.
+
+Every model is built from its published configuration with random bfloat16 weights: nothing can be
+downloaded on the benchmark machine, and the time of a forward pass depends on the shapes of the
+tensors, not on the values of the weights (no data-dependent control flow, no sparsity). Each model
+is built once; the implementations are switched with `model.set_attn_implementation`.
+
+What is timed: `model(input_ids, attention_mask=ones, use_cache=False, logits_to_keep=1)` under
+`torch.inference_mode()`, bracketed by CUDA events, median of several repetitions after warm-up
+(the tuned kernel autotunes on its first call at each length, inside the warm-up). That is the
+prefill step of `generate`: it too computes the logits of the last position only, since only they
+pick the next token; the full (N × vocab) projection would add a matmul that has nothing to do
+with attention (a quarter of a gigabyte of logits per 1,000 tokens for Llama-3's vocabulary).
+
+Before timing a model, the last-position logits of `tutorial_fa2` and `eager` are compared with
+`sdpa`'s at one length, and the relative errors recorded: a fast wrong kernel must not be reported.
+Running out of memory is a result (status "oom"); the longer lengths of that implementation are
+then skipped (status "skipped"). Rows are written as they are measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import inspect
+import json
+import math
+import statistics
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from tutorial_kernels.bench import DATA_DIR, provenance
+
+IMPLEMENTATIONS = {
+    "eager": "eager PyTorch (transformers)",
+    "sdpa": "torch SDPA",
+    "tutorial_fa2": "FlashAttention-2 Triton, tuned (ch. 5)",
+}
+LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
+CHECK_TOLERANCE = 5e-2  # ‖ours − sdpa‖ / ‖sdpa‖ of the last-position logits, bfloat16 through 32 layers
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model's architecture from its published config.json (transformers' field names)."""
+
+    label: str
+    source: str  # the Hugging Face repository whose config.json the numbers come from
+    config_class: str
+    config: dict
+    notes: list[str] = field(default_factory=list)
+
+    def build_config(self):
+        import transformers
+
+        return getattr(transformers, self.config_class)(**self.config)
+
+
+# The blog's three models, in its order. Values from each repository's config.json.
+MODELS: dict[str, ModelSpec] = {
+    "mistral-7b": ModelSpec(
+        "Mistral-7B", "mistralai/Mistral-7B-v0.1", "MistralConfig",
+        dict(vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+             num_attention_heads=32, num_key_value_heads=8,  # grouped-query attention: 4 query heads per KV head
+             head_dim=128, hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=32768,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, tie_word_embeddings=False,
+             # v0.1's config has sliding_window = 4096; Mistral-7B-v0.2 and later set it to null. Without
+             # it every implementation computes the same full causal attention at all lengths (up to
+             # 4096 tokens the window hides nothing anyway); with it, eager and sdpa would build a
+             # windowed mask beyond 4096 and our kernel, which has no window, would rightly refuse.
+             sliding_window=None),
+        notes=["sliding_window set to None (v0.1 has 4096, v0.2+ none); identical below 4097 tokens"],
+    ),
+    "llama-3-8b": ModelSpec(
+        "Llama-3-8B", "meta-llama/Meta-Llama-3-8B", "LlamaConfig",
+        dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+             num_attention_heads=32, num_key_value_heads=8,  # grouped-query attention: 4 query heads per KV head
+             head_dim=128, hidden_act="silu", rms_norm_eps=1e-5, max_position_embeddings=8192,
+             rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, tie_word_embeddings=False,
+             attention_bias=False, mlp_bias=False),
+        notes=["trained context 8192 tokens: at 16384 the latency is that of the shapes, the outputs meaningless"],
+    ),
+    "phi-2": ModelSpec(
+        "Phi-2", "microsoft/phi-2", "PhiConfig",
+        dict(vocab_size=51200, hidden_size=2560, intermediate_size=10240, num_hidden_layers=32,
+             num_attention_heads=32, num_key_value_heads=32,  # multi-head attention; head_dim = 2560 / 32 = 80
+             hidden_act="gelu_new", layer_norm_eps=1e-5, max_position_embeddings=2048,
+             # rotary embeddings on the first 40% of each head's 80 dimensions (32 of them)
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4},
+             qk_layernorm=False, tie_word_embeddings=False, resid_pdrop=0.1, embd_pdrop=0.0,
+             attention_dropout=0.0),
+        notes=["head_dim 80 (not a power of two); trained context 2048 tokens: beyond it only the shapes are meaningful"],
+    ),
+}
+
+
+def build_model(spec: ModelSpec, seed: int = 0) -> torch.nn.Module:
+    """The model with random bfloat16 weights, created directly on the GPU (no download, no CPU copy)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(spec.build_config(), dtype=torch.bfloat16, attn_implementation="sdpa")
+    return model.eval()  # eval: Phi-2's residual dropout (0.1) off, as at inference
+
+
+def _inputs(model, n: int, seed: int) -> dict:
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (1, n), generator=gen, device="cuda")
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    if "logits_to_keep" in inspect.signature(model.forward).parameters:
+        kwargs["logits_to_keep"] = 1  # as generate's prefill: only the last position's logits
+    return kwargs
+
+
+def time_prefill(model, inputs: dict, *, warmup: int, seconds: float, min_reps: int = 3, max_reps: int = 20) -> dict:
+    """Median time of one forward over `inputs`, CUDA events around each repetition.
+
+    `warmup` untimed forwards first (compilation, autotuning, the caching allocator growing to this
+    length); then as many timed forwards as fit in about `seconds`, at least `min_reps`.
+    """
+    with torch.inference_mode():
+        for _ in range(warmup):
+            model(**inputs)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        times: list[float] = []
+        reps = min_reps
+        while len(times) < reps:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            model(**inputs)
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+            if len(times) == 1:
+                reps = max(min_reps, min(max_reps, math.ceil(seconds * 1e3 / times[0])))
+    return {"ms": statistics.median(times), "ms_min": min(times), "reps": len(times),
+            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+
+
+def last_logits(model, inputs: dict) -> torch.Tensor:
+    with torch.inference_mode():
+        return model(**inputs).logits[0, -1].float()
+
+
+def check_model(model, key: str, n: int, impls: list[str]) -> dict:
+    """Last-position logits of each implementation against sdpa's, at one length."""
+    inputs = _inputs(model, n, seed=n)
+    model.set_attn_implementation("sdpa")
+    ref = last_logits(model, inputs)
+    errors = {}
+    for impl in impls:
+        if impl == "sdpa":
+            continue
+        model.set_attn_implementation(impl)
+        out = last_logits(model, inputs)
+        errors[impl] = ((out - ref).norm() / ref.norm()).item()
+    worst = errors.get("tutorial_fa2", 0.0)
+    return {"model": key, "n": n, "reference": "sdpa", "rel_err_last_logits": errors,
+            "tolerance": CHECK_TOLERANCE, "passed": math.isfinite(worst) and worst <= CHECK_TOLERANCE}
+
+
+def _free() -> None:
+    gc.collect()
+    torch.cuda.empty_cache()
+
+
+def _warm_gpu() -> None:
+    """A second of matmuls so the first model is not timed on an idle, down-clocked GPU."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:
+        for _ in range(50):
+            a @ a
+        torch.cuda.synchronize()
+    del a
+
+
+def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path, argv: list[str],
+        check_length: int, seconds: float) -> dict:
+    import transformers
+
+    from tutorial_kernels.hf_attention import register
+
+    register()  # "tutorial_fa2" becomes an attention implementation transformers accepts
+    prov = provenance("prefill", argv)
+    prov.pop("peak_extra_memory", None)
+    prov.update(
+        command=" ".join(["python -m tutorial_kernels.prefill", *argv]),
+        transformers=transformers.__version__,
+        timing="CUDA events around each forward, median of 3-20 repetitions (about "
+        f"{seconds:g} s per point) after 2 warm-up forwards (1 beyond 4096 tokens)",
+        peak_memory="torch.cuda.max_memory_allocated during the timed forwards, weights included",
+    )
+    result = {
+        "description": "Prefill latency of one forward pass (batch 1, N prompt tokens, bfloat16, random weights) "
+        "of Hugging Face models with each attention implementation",
+        "notes": [
+            "Weights are random (built from each model's published config): latency depends on shapes, not values.",
+            "Timed call: model(input_ids, attention_mask=all ones, use_cache=False, logits_to_keep=1) under "
+            "torch.inference_mode(); logits of the last position only, as in generate's prefill.",
+            "tutorial_fa2 is chapter 5's flash_attn_v2_tuned, registered with transformers.AttentionInterface; "
+            "it autotunes at each new length during the warm-up, outside the timing.",
+            "status 'oom': out of GPU memory; 'skipped': not run because a shorter length already ran out of memory.",
+        ],
+        "provenance": prov,
+        "models": {},
+        "implementations": {k: IMPLEMENTATIONS[k] for k in impls},
+        "checks": [],
+        "results": [],
+        "complete": False,
+    }
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after every row: a run cut short keeps what it measured
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
+
+    _warm_gpu()
+    for key in models:
+        spec = MODELS[key]
+        t0 = time.perf_counter()
+        model = build_model(spec)
+        params = sum(p.numel() for p in model.parameters())
+        result["models"][key] = {
+            "label": spec.label, "source_config": spec.source, "config_class": spec.config_class,
+            "config": spec.config, "params_billion": params / 1e9,
+            "weights_gib": torch.cuda.memory_allocated() / 2**30, "build_s": time.perf_counter() - t0,
+            "notes": spec.notes,
+        }
+        print(f"{spec.label}: {params / 1e9:.2f} B parameters, built in {time.perf_counter() - t0:.1f} s",
+              file=sys.stderr, flush=True)
+        if check_length:
+            try:
+                check = check_model(model, key, check_length, impls)
+            except Exception as err:  # out of memory, or an implementation refusing: recorded as a failure
+                traceback.print_exc()
+                check = {"model": key, "n": check_length, "passed": False,
+                         "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+            _free()
+            result["checks"].append(check)
+            save()
+            verdict = "ok" if check["passed"] else "FAILED"
+            print(f"  check at N={check_length}: {check.get('rel_err_last_logits')} -> {verdict}",
+                  file=sys.stderr, flush=True)
+        ran_out: dict[str, int] = {}
+        for n in lengths:
+            inputs = _inputs(model, n, seed=n)
+            for impl in impls:
+                row = {"model": key, "impl": impl, "provider": IMPLEMENTATIONS[impl], "n": n}
+                if impl in ran_out:
+                    row.update(status="skipped", reason=f"out of memory at N={ran_out[impl]}")
+                else:
+                    model.set_attn_implementation(impl)
+                    oom = False
+                    try:
+                        timed = time_prefill(model, inputs, warmup=2 if n <= 4096 else 1, seconds=seconds)
+                        row.update(timed, status="ok")
+                    except torch.OutOfMemoryError:
+                        oom = True  # handled below, once the exception (and the tensors its frames hold) is gone
+                    except Exception as err:  # recorded, not fatal: the other points still get measured
+                        traceback.print_exc()
+                        row.update(status="error", error=f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
+                    if oom:
+                        row["status"] = "oom"
+                        ran_out[impl] = n
+                    _free()
+                result["results"].append(row)
+                save()
+                shown = f"{row['ms']:9.1f} ms" if row["status"] == "ok" else row["status"]
+                print(f"  {impl:13} N={n:6}: {shown}", file=sys.stderr, flush=True)
+            del inputs
+        del model
+        _free()
+    result["complete"] = True
+    save()
+    return result
+
+
+def summary(result: dict) -> str:
+    """One line per (model, N): each implementation's time and its speedup over eager."""
+    impls = list(result["implementations"])
+    width = 24
+    head = f"{'model':12} {'N':>6} " + " ".join(f"{impl:>{width}}" for impl in impls)
+    lines = [head, "-" * len(head)]
+    rows = {(r["model"], r["n"], r["impl"]): r for r in result["results"]}
+    for key in result["models"]:
+        for n in sorted({r["n"] for r in result["results"] if r["model"] == key}):
+            eager = rows.get((key, n, "eager"))
+            cells = []
+            for impl in impls:
+                r = rows.get((key, n, impl))
+                if r is None or r["status"] != "ok":
+                    cells.append(f"{'—' if r is None else r['status']:>{width}}")
+                    continue
+                cell = f"{r['ms']:.1f} ms"
+                if impl != "eager" and eager and eager["status"] == "ok":
+                    cell += f" ({eager['ms'] / r['ms']:.2f}×)"
+                cells.append(f"{cell:>{width}}")
+            lines.append(f"{result['models'][key]['label']:12} {n:>6} " + " ".join(cells))
+    lines.append("(ms: median prefill latency; ×: speedup over eager)")
+    for check in result["checks"]:
+        lines.append(f"check {check['model']} N={check['n']}: last-position logits vs sdpa "
+                     f"{check.get('rel_err_last_logits')} (tolerance {check.get('tolerance')}): "
+                     f"{'passed' if check['passed'] else 'FAILED'}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.prefill", description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="models to build")
+    parser.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS), help="prompt lengths in tokens")
+    parser.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
+                        help="attention implementations")
+    parser.add_argument("--out", type=Path, default=DATA_DIR / "prefill.json", help="JSON file to write")
+    parser.add_argument("--check-length", type=int, default=512,
+                        help="prompt length of the logits check against sdpa (0: no check)")
+    parser.add_argument("--seconds", type=float, default=1.0, help="about how long to time each point")
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        parser.error("prefill latency is measured on a CUDA GPU (random 7-8B-parameter models in bfloat16); "
+                     "none is visible here")
+    if any(n < 1 for n in args.lengths):
+        parser.error(f"--lengths must be positive, got {args.lengths}")
+    if args.check_length and "sdpa" not in args.impls:
+        parser.error("the logits check compares with sdpa: include sdpa in --impls, or pass --check-length 0")
+    result = run(args.models, args.lengths, args.impls, args.out, argv, args.check_length, args.seconds)
+    print(summary(result))
+    print(f"wrote {args.out}")
+    if not all(check["passed"] for check in result["checks"]):
+        sys.exit("a logits check failed: see 'checks' in the output file")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,260 @@
+"""Chapter 5's kernel inside Hugging Face transformers: tiny random models, ours against eager and SDPA.
+
+Every model here is built from a config with random weights (no download) and is small enough for
+Triton's interpreter; on a GPU the same tests run natively. The prefill benchmark's own models are
+checked for their published sizes on the meta device, which allocates nothing.
+"""
+
+import os
+
+import pytest
+import torch
+
+from tutorial_kernels.runtime import default_device
+from tutorial_kernels.testing import (
+    ON_GPU,
+    SKIP_BF16_REASON,
+    assert_close,
+    fresh_seed,
+    grad_tolerance,
+)
+
+try:
+    import transformers  # noqa: F401
+except ImportError as error:  # transformers comes with the `test` extra
+    if os.environ.get("TUTORIAL_REQUIRE_ALL") == "1":
+        raise
+    pytest.skip(f"transformers is not installed ({error}); pip install -e '.[test]'", allow_module_level=True)
+
+from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig, MistralConfig, PhiConfig  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
+
+from tutorial_kernels.hf_attention import (  # noqa: E402
+    DEFAULT_NAME,
+    register,
+    tutorial_flash_attention,
+    tutorial_flash_mask,
+)
+
+NAME = register()
+DEVICE = default_device()
+DTYPES = [torch.float32, pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=SKIP_BF16_REASON))]
+
+
+def tiny_llama(**overrides) -> LlamaConfig:
+    """Llama's architecture at toy size: 2 layers, 4 query heads sharing 2 key/value heads of 16 dims."""
+    return LlamaConfig(**{**dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256), **overrides})
+
+
+def build(config, seed: int, dtype=torch.float32):
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="eager")
+    return model.to(DEVICE).eval()
+
+
+def token_ids(vocab: int, batch: int, n: int, seed: int) -> torch.Tensor:
+    return torch.randint(0, vocab, (batch, n), generator=torch.Generator().manual_seed(seed)).to(DEVICE)
+
+
+def logits_with(model, impl: str, **inputs) -> torch.Tensor:
+    model.set_attn_implementation(impl)
+    with torch.no_grad():
+        return model(**inputs, use_cache=False).logits.float()
+
+
+def test_the_default_name_avoids_the_word_flash():
+    # transformers 5 treats any implementation name containing "flash" as the flash-attn package
+    assert DEFAULT_NAME == NAME == "tutorial_fa2" and "flash" not in NAME
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_llama_with_grouped_query_attention_matches_eager_and_sdpa(dtype):
+    seed = fresh_seed()
+    model = build(tiny_llama(), seed, dtype)
+    ids = token_ids(97, 2, 37, seed)
+    ours = logits_with(model, NAME, input_ids=ids, attention_mask=torch.ones_like(ids))
+    for impl in ("eager", "sdpa"):
+        assert_close(ours, logits_with(model, impl, input_ids=ids), dtype, seed=seed, what=f"logits vs {impl}")
+
+
+def test_phi_head_dim_20_with_partial_rotary_matches_eager():
+    # head_dim 80 / 4 = 20: not a power of two, like Phi-2's 80 (the kernel pads its tiles to 32)
+    seed = fresh_seed()
+    config = PhiConfig(vocab_size=101, hidden_size=80, intermediate_size=160, num_hidden_layers=2,
+                       num_attention_heads=4, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                               "partial_rotary_factor": 0.4})
+    model = build(config, seed)
+    assert model.model.layers[0].self_attn.head_dim == 20
+    ids = token_ids(101, 2, 29, seed)
+    assert_close(logits_with(model, NAME, input_ids=ids), logits_with(model, "eager", input_ids=ids),
+                 torch.float32, seed=seed, what="logits vs eager")
+
+
+def test_generation_with_a_kv_cache_matches_eager_and_builds_no_mask():
+    """Prefill (n_q = n_k) then one-token steps (n_q = 1, n_k growing): bottom-right alignment lets
+    each new token see every cached key, and no mask tensor is ever made."""
+    seed = fresh_seed()
+    calls = []
+
+    def spy(module, query, key, value, attention_mask, **kwargs):
+        calls.append((query.shape[2], key.shape[2], attention_mask is None))
+        return tutorial_flash_attention(module, query, key, value, attention_mask, **kwargs)
+
+    AttentionInterface.register("tutorial_fa2_spy", spy)
+    AttentionMaskInterface.register("tutorial_fa2_spy", tutorial_flash_mask)
+    model = build(tiny_llama(), seed)
+    ids = token_ids(97, 1, 21, seed)
+    steps = {}
+    for impl in ("eager", "tutorial_fa2_spy"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                                 output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+        steps[impl] = (out.sequences, torch.stack(out.logits).float())
+    assert torch.equal(steps["eager"][0], steps["tutorial_fa2_spy"][0]), "greedy tokens differ"
+    assert_close(steps["tutorial_fa2_spy"][1], steps["eager"][1], torch.float32, seed=seed, what="step logits")
+    per_layer = sorted(set(calls))
+    assert per_layer == [(1, 22, True), (1, 23, True), (1, 24, True), (21, 21, True)], per_layer
+
+
+def test_training_gradients_match_eager():
+    # with autograd on, the layers go through chapter 6's flash_attention (forward + backward kernels)
+    seed = fresh_seed()
+    model = build(tiny_llama(), seed).train()
+    ids = token_ids(97, 2, 19, seed)
+    grads = {}
+    for impl in ("eager", NAME):
+        model.set_attn_implementation(impl)
+        model.zero_grad()
+        model(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        grads[impl] = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+    err = ((grads[NAME] - grads["eager"]).norm() / grads["eager"].norm()).item()
+    assert err <= grad_tolerance(torch.float32), f"gradients: relative error {err:.2e}; seed={seed}"
+
+
+def test_padding_is_refused_with_a_clear_error():
+    model = build(tiny_llama(), 0)
+    model.set_attn_implementation(NAME)
+    ids = token_ids(97, 2, 12, 0)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding of the second sequence
+    with pytest.raises(ValueError, match=r"does not support padding.*marks 3 of 24 positions as padding.*'sdpa'"):
+        model(input_ids=ids, attention_mask=mask, use_cache=False)
+
+
+def test_dropout_is_refused_with_a_clear_error():
+    model = build(tiny_llama(attention_dropout=0.1), 0).train()
+    model.set_attn_implementation(NAME)
+    with pytest.raises(ValueError, match=r"dropout: .* no attention dropout, got dropout=0.1; call model.eval\(\)"):
+        model(input_ids=token_ids(97, 1, 8, 0), use_cache=False)
+    model.eval()  # at inference the layers pass dropout=0.0
+    model(input_ids=token_ids(97, 1, 8, 0), use_cache=False)
+
+
+def test_sliding_window_runs_while_it_hides_nothing_and_is_refused_after():
+    seed = fresh_seed()
+    config = MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                           num_attention_heads=4, num_key_value_heads=2, sliding_window=12)
+    model = build(config, seed)
+    ids = token_ids(97, 1, 12, seed)  # 12 keys, window 12: every query still sees all its keys
+    assert_close(logits_with(model, NAME, input_ids=ids), logits_with(model, "eager", input_ids=ids),
+                 torch.float32, seed=seed, what="logits vs eager")
+    with pytest.raises(ValueError, match=r"sliding_window: .* last 12 keys, and here there are 13 keys"):
+        logits_with(model, NAME, input_ids=token_ids(97, 1, 13, seed))
+
+
+class _Layer(torch.nn.Module):
+    is_causal = True
+
+
+def _qkv(n_q: int, n_k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, 4, n_q, 16, generator=g).to(DEVICE)
+    k, v = (torch.randn(1, 2, n_k, 16, generator=g).to(DEVICE) for _ in range(2))
+    return q, k, v
+
+
+def test_a_mask_that_hides_nothing_more_than_causal_is_accepted():
+    q, k, v = _qkv(5, 9, 1)
+    plain, _ = tutorial_flash_attention(_Layer(), q, k, v, None)
+    causal = torch.arange(9)[None, :] <= torch.arange(5)[:, None] + 4  # bottom-right aligned
+    as_bool = causal[None, None].to(DEVICE)
+    as_float = torch.zeros(1, 1, 5, 9).masked_fill(~causal, torch.finfo(torch.float32).min).to(DEVICE)
+    for mask in (as_bool, as_float):
+        out, weights = tutorial_flash_attention(_Layer(), q, k, v, mask)
+        assert weights is None and out.shape == (1, 5, 4, 16) and out.is_contiguous()
+        assert torch.equal(out, plain)
+
+
+def test_a_mask_that_hides_more_is_refused():
+    q, k, v = _qkv(5, 9, 2)
+    mask = torch.ones(1, 1, 5, 9, dtype=torch.bool, device=DEVICE).tril(4)
+    mask[..., 0] = False  # a padded first key
+    with pytest.raises(ValueError, match=r"cannot apply this mask, which differs from that in 5 of 45"):
+        tutorial_flash_attention(_Layer(), q, k, v, mask)
+    bias = torch.full((1, 1, 5, 9), 0.5, device=DEVICE)
+    with pytest.raises(ValueError, match=r"values other than 0 and -inf \(an additive bias"):
+        tutorial_flash_attention(_Layer(), q, k, v, bias)
+
+
+def test_mask_function_returns_none_exactly_when_the_kernel_needs_no_mask():
+    ones = torch.ones(2, 6, dtype=torch.bool)
+    # prefill without cache, and a decoding step after 5 cached tokens: nothing to build
+    assert tutorial_flash_mask(batch_size=2, q_length=6, kv_length=6, attention_mask=ones) is None
+    assert tutorial_flash_mask(batch_size=2, q_length=1, kv_length=6, q_offset=5, attention_mask=ones) is None
+    # a static cache of 10 slots holding 6 tokens: the empty slots must stay hidden, which the
+    # bottom-right causal kernel cannot do; the mask is built, and the attention function refuses it
+    mask = tutorial_flash_mask(batch_size=2, q_length=6, kv_length=10, attention_mask=ones)
+    assert mask is not None and mask.shape == (2, 1, 6, 10)
+    q, k, v = _qkv(6, 10, 3)
+    with pytest.raises(ValueError, match=r"empty slots of a static cache are not supported"):
+        tutorial_flash_attention(_Layer(), q, k, v, mask[:1])
+
+
+def test_register_is_idempotent_and_refuses_names_transformers_reads_otherwise():
+    assert register() == register() == NAME
+    assert AttentionInterface._global_mapping[NAME] is tutorial_flash_attention
+    assert AttentionMaskInterface._global_mapping[NAME] is tutorial_flash_mask
+    with pytest.raises(ValueError, match=r"must not contain 'flash'"):
+        register("my_flash")
+    with pytest.raises(ValueError, match=r"'sdpa' is already an attention implementation"):
+        register("sdpa")
+    with pytest.raises(TypeError, match=r"name must be a non-empty str, got int 3"):
+        register(3)
+
+
+def test_from_pretrained_accepts_the_registered_name(tmp_path):
+    # what a reader with real weights does: save a model, load it back with our attention
+    build(tiny_llama(), 0).save_pretrained(tmp_path)
+    model = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation=NAME, dtype=torch.float32)
+    assert model.config._attn_implementation == NAME
+    ids = token_ids(97, 1, 9, 0)
+    with torch.no_grad():
+        model.to(DEVICE)(input_ids=ids)
+
+
+# Parameter counts of the published checkpoints (as the Hugging Face hub reports them).
+PUBLISHED = {"mistral-7b": (7_241_732_096, 128, 4), "llama-3-8b": (8_030_261_248, 128, 4), "phi-2": (2_779_683_840, 80, 1)}
+
+
+@pytest.mark.parametrize("key", list(PUBLISHED))
+def test_prefill_models_have_their_published_shapes(key):
+    from tutorial_kernels.prefill import MODELS
+
+    with torch.device("meta"):  # shapes only, no memory
+        model = AutoModelForCausalLM.from_config(MODELS[key].build_config(), dtype=torch.bfloat16)
+    attention = model.model.layers[0].self_attn
+    params, head_dim, group = PUBLISHED[key]
+    assert (sum(p.numel() for p in model.parameters()), attention.head_dim, attention.num_key_value_groups) == \
+        (params, head_dim, group)
+
+
+@pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
+def test_prefill_benchmark_refuses_without_a_gpu(capsys):
+    from tutorial_kernels.prefill import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--out", "/dev/null"])
+    assert exit_info.value.code == 2  # argparse's usage error
+    assert "prefill latency is measured on a CUDA GPU" in capsys.readouterr().err
