@@ -194,7 +194,8 @@ def _state_menus(states: list[tuple], traces: dict[tuple, list[int]], notes: dic
     current state's set is visible. A button of state s that picks state t hides s's traces, note and
     menus and shows t's; it also resets t's menus to t's choices, since plotly marks the clicked
     option active in the menu that is then hidden. An option that leads to a combination that was not
-    measured goes to the nearest measured one (`_closest_state`).
+    measured goes to the nearest measured one (`_closest_state`). A line hidden by a click on its legend
+    entry shows again after the next pick.
     """
     index = {s: i for i, s in enumerate(states)}
     menus = []

@@ -72,7 +72,7 @@ def prefill_speedup(data: dict | None = None) -> go.Figure:
                     hovers.append(", ".join(f"{name} {st}" for name, st in missing))
             fig.add_trace(go.Bar(
                 x=labels, y=speedups, text=texts, textposition="outside", textfont=dict(size=9), cliponaxis=False,
-                name=f"N = {n}", legendgroup=str(n), showlegend=col == 1,
+                name=str(n), legendgroup=str(n), showlegend=col == 1,
                 marker_color=LENGTH_COLOURS[i % len(LENGTH_COLOURS)], customdata=hovers,
                 hovertemplate="%{x}, N = " + str(n) + ": %{customdata}<extra></extra>",
             ), row=1, col=col)
@@ -80,11 +80,12 @@ def prefill_speedup(data: dict | None = None) -> go.Figure:
     fig.update_yaxes(title="prefill speedup over eager attention (×)", rangemode="tozero", col=1)
     gaps = _not_measured(data)
     if gaps:
-        fig.add_annotation(text=gaps, xref="paper", yref="paper", x=0, y=-0.3, showarrow=False,
+        fig.add_annotation(text=gaps, xref="paper", yref="paper", x=0, y=-0.28, showarrow=False,
                            font=dict(size=11), xanchor="left")
     fig.update_layout(barmode="group", height=540)
     fig = _layout(fig, data, "Prefill speedup over eager attention, batch 1, bfloat16 (grouped like the ROCm blog's)")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.12), margin=dict(t=140, b=140))
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.1, title_text="prompt length N:"),
+                      margin=dict(t=140, b=150))
     return fig
 
 
@@ -124,10 +125,11 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
                     customdata=[r.get("reason", r["status"]) for r in failed],
                     hovertemplate="N = %{x}: %{customdata}<extra>" + _impl_label(data, impl) + "</extra>",
                 ), row=1, col=col)
-    fig.update_xaxes(title="prompt length N (tokens)", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
+    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
+    fig.update_xaxes(title="prompt length N (tokens)", col=(len(models) + 1) // 2)
     fig.update_yaxes(type="log", dtick="D2")  # 1, 2, 5 per decade: the default labels every digit
     fig.update_yaxes(title="prefill latency, one forward (ms)", col=1)
     fig.update_layout(height=540)
     fig = _layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.2), margin=dict(t=140, b=120))
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.24), margin=dict(t=140, b=130))
     return fig

@@ -99,6 +99,16 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # tied input and output embeddings
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        # GPT-2's initialisation: N(0, 0.02) weights, zero biases. PyTorch's default N(0, 1) embedding,
+        # tied to the output layer, starts the logits at a scale of √n_embd and the loss in the hundreds.
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         B, N = idx.shape

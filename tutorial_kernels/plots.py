@@ -7,7 +7,9 @@ replaces it with `figure_html(NAME)`. Nothing here touches a GPU.
 
 from __future__ import annotations
 
+import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Callable
 
@@ -1064,3 +1066,14 @@ def ch04_loop_order(n: int = 512, block: int = 128) -> go.Figure:
         template="plotly_white", height=470, margin=dict(t=120),
     )
     return fig
+
+
+# --- pages that gather several chapters ----------------------------------------------------------
+# The Benchmarks and LLM-prefill pages keep their figures in modules of their own; importing them
+# registers those figures here. When `mkdocs serve` reloads this module (a fresh, empty FIGURES),
+# they are reloaded too, so that they register again.
+for _module in ("tutorial_kernels.figures_benchmarks", "tutorial_kernels.figures_prefill"):
+    if _module in sys.modules:
+        importlib.reload(sys.modules[_module])
+    else:
+        importlib.import_module(_module)

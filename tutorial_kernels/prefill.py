@@ -51,6 +51,7 @@ IMPLEMENTATIONS = {
 }
 LENGTHS = (512, 1024, 2048, 4096, 8192, 16384)
 CHECK_TOLERANCE = 5e-2  # ‖ours − sdpa‖ / ‖sdpa‖ of the last-position logits, bfloat16 through 32 layers
+# (or twice eager's distance from sdpa, if that is larger: see check_model)
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,8 @@ MODELS: dict[str, ModelSpec] = {
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.4},
              qk_layernorm=False, tie_word_embeddings=False, resid_pdrop=0.1, embd_pdrop=0.0,
              attention_dropout=0.0),
-        notes=["head_dim 80 (not a power of two); trained context 2048 tokens: beyond it only the shapes are meaningful"],
+        notes=["head_dim 80 (not a power of two); trained context 2048 tokens: "
+               "beyond it only the shapes are meaningful"],
     ),
 }
 
@@ -169,9 +171,14 @@ def check_model(model, key: str, n: int, impls: list[str]) -> dict:
         model.set_attn_implementation(impl)
         out = last_logits(model, inputs)
         errors[impl] = ((out - ref).norm() / ref.norm()).item()
-    worst = errors.get("tutorial_fa2", 0.0)
+    # eager's distance from sdpa is how far two correct bfloat16 implementations drift apart through
+    # the model; ours may drift as far (twice as far, to leave room), and never beyond the fixed bound
+    # unless eager itself is that far off
+    eager = errors.get("eager", math.nan)
+    bound = max(CHECK_TOLERANCE, 2 * eager) if math.isfinite(eager) else CHECK_TOLERANCE
+    ours = errors.get("tutorial_fa2", 0.0)
     return {"model": key, "n": n, "reference": "sdpa", "rel_err_last_logits": errors,
-            "tolerance": CHECK_TOLERANCE, "passed": math.isfinite(worst) and worst <= CHECK_TOLERANCE}
+            "tolerance": bound, "passed": math.isfinite(ours) and ours <= bound}
 
 
 def _free() -> None:

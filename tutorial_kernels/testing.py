@@ -54,7 +54,9 @@ def grad_tolerance(dtype: torch.dtype) -> float:
     """Bound on ‖grad − ref‖ / ‖ref‖. Looser than the forward's: P, dS and dO are each rounded to the
     input dtype before a matrix product, and dK sums n_q such products (tf32 for float32 on a GPU)."""
     if dtype == torch.float32:
-        return 1e-5 if interpreter_active() else 1e-2
+        # a GPU's tl.dot rounds float32 operands to TF32 (10 mantissa bits) — the inputs too, unlike
+        # float16 inputs, which are already exact — so float32 on a GPU gets twice float16's bound
+        return 1e-5 if interpreter_active() else 2e-2
     if dtype == torch.float16:
         return 1e-2
     if dtype == torch.bfloat16:
