@@ -99,10 +99,14 @@ def load_data(name: str) -> dict:
 
 def provenance_line(data: dict) -> str:
     p = data["provenance"]
-    return (
+    line = (
         f"{p['gpu']} · torch {p['torch']} · triton {p['triton']} · CUDA {p['cuda']}<br>"
         f"{p['date_utc'][:10]} · commit {p['git_commit'][:8]} · <i>{p['command'].split(' --out')[0]}</i>"
     )
+    for earlier in data.get("earlier_runs", []):  # a suite measured in parts (bench --append)
+        e = earlier["provenance"]
+        line += f"<br>and rows of {e['date_utc'][:10]} · commit {e['git_commit'][:8]} · <i>{e['command'].split(' --out')[0]}</i>"
+    return line
 
 
 def _layout(fig: go.Figure, data: dict, title: str) -> go.Figure:
@@ -683,21 +687,19 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earl
 
 # --- chapter 5 ----------------------------------------------------------------------------------
 
-CH05_OURS = ("flash-v2-triton", "flash-v2-tuned-pointers", "flash-v2-tuned")
+TEACHING_KERNELS = {"flash-v2-triton"}  # drawn dotted next to their tuned versions
 
 
 def _ch05_cells(data: dict) -> list[tuple[int, bool, str]]:
     return sorted({(r["head_dim"], r["causal"], r["dtype"]) for r in data["results"]})
 
 
-@figure("ch05-tflops")
-def fa2_tflops(data: dict | None = None) -> go.Figure:
+def _tflops_by_cell(data: dict, title: str) -> go.Figure:
     """TFLOP/s vs N, one panel per (head_dim, causal), one button per dtype, with the matmul ceiling."""
-    data = data or load_data("ch05_fwd")
     head_dims = sorted({r["head_dim"] for r in data["results"]})
     dtypes = sorted({r["dtype"] for r in data["results"]})
     panels = [(d, c) for d in head_dims for c in (False, True)]
-    fig = make_subplots(rows=len(head_dims), cols=2, shared_yaxes=True, vertical_spacing=0.14,
+    fig = make_subplots(rows=len(head_dims), cols=2, shared_yaxes=True, vertical_spacing=0.3 / len(head_dims),
                         subplot_titles=[f"d = {d}, {'causal' if c else 'not causal'}" for d, c in panels])
     trace_dtypes = []
     for dtype in dtypes:
@@ -707,7 +709,7 @@ def fa2_tflops(data: dict | None = None) -> go.Figure:
                 fig.add_trace(go.Scatter(
                     x=[r["n"] for r in rows], y=[r["tflops"] for r in rows], mode="lines+markers",
                     name=_label(data, key), legendgroup=key, showlegend=i == 0, visible=dtype == dtypes[0],
-                    line=dict(color=PROVIDER_COLOURS.get(key), dash="dot" if key == "flash-v2-triton" else "solid"),
+                    line=dict(color=PROVIDER_COLOURS.get(key), dash="dot" if key in TEACHING_KERNELS else "solid"),
                     hovertemplate="N = %{x}: %{y:.0f} TFLOP/s<extra>" + _label(data, key) + "</extra>",
                 ), row=i // 2 + 1, col=i % 2 + 1)
                 trace_dtypes.append(dtype)
@@ -716,48 +718,101 @@ def fa2_tflops(data: dict | None = None) -> go.Figure:
         fig.add_hline(y=ceiling, line=dict(color="black", dash="dot"), row=i // 2 + 1, col=i % 2 + 1,
                       **({"annotation_text": f"fp16 matmul, same run: {ceiling:.0f}"} if i == 0 else {}))
     fig.update_layout(updatemenus=[dict(
-        type="buttons", direction="right", x=1, y=1.16, xanchor="right",
+        type="buttons", direction="right", x=1, y=1.0 + 0.5 / len(head_dims), xanchor="right",
         buttons=[dict(label=dt, method="update", args=[{"visible": [t == dt for t in trace_dtypes]}]) for dt in dtypes],
-    )], height=380 * len(head_dims) + 160, hovermode="closest", margin=dict(t=150, b=120))
+    )], height=380 * len(head_dims) + 200, hovermode="closest", margin=dict(t=170, b=140))
     lengths = sorted({r["n"] for r in data["results"]})
     fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths], title="sequence length N")
     fig.update_yaxes(title="TFLOP/s", rangemode="tozero", col=1)
-    return _layout(fig, data, "FlashAttention-2 forward vs torch (B·N = 16384, H·d = 2048)")
+    return _layout(fig, data, title)
 
 
-def fa2_ratio_rows(data: dict, n_min: int = 0) -> list[dict]:
-    """Per cell (d, causal, dtype, N): the tuned kernel's speed as a multiple of cuDNN's and of torch flash's."""
+@figure("ch05-tflops")
+def fa2_tflops(data: dict | None = None) -> go.Figure:
+    return _tflops_by_cell(data or load_data("ch05_fwd"), "Forward TFLOP/s vs N (B·N = 16384, H·d = 2048)")
+
+
+@figure("ch06-bwd-tflops")
+def backward_tflops(data: dict | None = None) -> go.Figure:
+    return _tflops_by_cell(data or load_data("ch06_bwd"), "Backward TFLOP/s vs N (B·N = 16384, H·d = 2048)")
+
+
+def fa2_ratio_rows(data: dict, n_min: int = 0, ours: str = "flash-v2-tuned",
+                   references: tuple[str, ...] = ("sdpa-cudnn", "sdpa-flash", "flash-v2-triton", "flash-v1-triton")) -> list[dict]:
+    """Per cell (d, causal, dtype, N): our kernel's speed as a multiple of each reference's."""
     by = {(r["provider_key"], r["head_dim"], r["causal"], r["dtype"], r["n"]): r for r in data["results"] if r["status"] == "ok"}
     out = []
     for d, causal, dtype in _ch05_cells(data):
         for n in sorted({r["n"] for r in data["results"]}):
-            if n < n_min or ("flash-v2-tuned", d, causal, dtype, n) not in by:
+            if n < n_min or (ours, d, causal, dtype, n) not in by:
                 continue
-            ours = by[("flash-v2-tuned", d, causal, dtype, n)]["tflops"]
-            row = dict(head_dim=d, causal=causal, dtype=dtype, n=n, tflops=ours)
-            for ref in ("sdpa-cudnn", "sdpa-flash", "flash-v2-triton"):
+            mine = by[(ours, d, causal, dtype, n)]["tflops"]
+            row = dict(head_dim=d, causal=causal, dtype=dtype, n=n, tflops=mine)
+            for ref in references:
                 if (ref, d, causal, dtype, n) in by:
-                    row[ref] = ours / by[(ref, d, causal, dtype, n)]["tflops"]
+                    row[ref] = mine / by[(ref, d, causal, dtype, n)]["tflops"]
             out.append(row)
     return out
 
 
-@figure("ch05-ratio-table")
-def fa2_ratio_table(data: dict | None = None) -> go.Figure:
-    """The tuned kernel against cuDNN and torch flash, cell by cell, from the committed data."""
-    data = data or load_data("ch05_fwd")
-    rows = fa2_ratio_rows(data)
-    header = ["d", "causal", "dtype", "N", "tuned TFLOP/s", "× cuDNN", "× torch flash", "× teaching"]
-    columns = [
+def _ratio_table(data: dict, rows: list[dict], columns: dict[str, str], title: str) -> go.Figure:
+    header = ["d", "causal", "dtype", "N", "TFLOP/s", *columns.values()]
+    values = [
         [r["head_dim"] for r in rows], ["yes" if r["causal"] else "no" for r in rows], [r["dtype"] for r in rows],
         [r["n"] for r in rows], [f"{r['tflops']:.0f}" for r in rows],
-        [f"{r.get('sdpa-cudnn', float('nan')):.2f}" for r in rows], [f"{r.get('sdpa-flash', float('nan')):.2f}" for r in rows],
-        [f"{r.get('flash-v2-triton', float('nan')):.2f}" for r in rows],
+        *[[f"{r[key]:.2f}" if key in r else "–" for r in rows] for key in columns],
     ]
     fig = go.Figure(go.Table(header=dict(values=header, fill_color="#e8eaf6", align="center"),
-                             cells=dict(values=columns, align="center", height=24)))
-    fig.update_layout(height=26 * len(rows) + 170, margin=dict(t=110, l=10, r=10, b=10))
-    return _layout(fig, data, "Tuned FlashAttention-2 as a multiple of torch's backends")
+                             cells=dict(values=values, align="center", height=24)))
+    fig.update_layout(height=min(26 * len(rows) + 220, 900), margin=dict(t=150, l=10, r=10, b=10))
+    return _layout(fig, data, title)
+
+
+@figure("ch05-ratio-table")
+def fa2_ratio_table(data: dict | None = None) -> go.Figure:
+    """The tuned forward against cuDNN, torch flash, the teaching kernel and FlashAttention-1, N ≥ 4096."""
+    data = data or load_data("ch05_fwd")
+    columns = {"sdpa-cudnn": "× cuDNN", "sdpa-flash": "× torch flash", "flash-v2-triton": "× teaching",
+               "flash-v1-triton": "× FA-1 (ch. 4)"}
+    return _ratio_table(data, fa2_ratio_rows(data, n_min=4096), columns,
+                        "Tuned FlashAttention-2 forward as a multiple of each, N ≥ 4096")
+
+
+@figure("ch06-ratio-table")
+def backward_ratio_table(data: dict | None = None) -> go.Figure:
+    """Chapter 6's backward against cuDNN's and torch flash's, N ≥ 4096."""
+    data = data or load_data("ch06_bwd")
+    rows = fa2_ratio_rows(data, n_min=4096, ours="flash-attention", references=("sdpa-cudnn", "sdpa-flash"))
+    return _ratio_table(data, rows, {"sdpa-cudnn": "× cuDNN", "sdpa-flash": "× torch flash"},
+                        "Backward (dQ, dK, dV) as a multiple of torch's, N ≥ 4096")
+
+
+@figure("ch06-training")
+def training_curves(data: dict | None = None, window: int = 20) -> go.Figure:
+    """Loss per step (moving average over `window` steps) of the GPT trained with each attention and
+    seed, and each run's median step time."""
+    data = data or load_data("ch06_training")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.72, 0.28], horizontal_spacing=0.1,
+                        subplot_titles=[f"training loss (mean of {window} steps)", "median step time"])
+    colours = {"torch": PROVIDER_COLOURS.get("sdpa-flash", "#1f77b4"), "tutorial": PROVIDER_COLOURS.get("flash-v2-tuned", "#d62728")}
+    names = {"torch": "F.scaled_dot_product_attention", "tutorial": "this tutorial's flash_attention"}
+    for run in data["runs"]:
+        losses = run["losses"]
+        smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1]) for i in range(len(losses))]
+        label = f"{names[run['attention']]}, seed {run['seed']}"
+        fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=smooth, mode="lines", name=label,
+                                 line=dict(color=colours[run["attention"]], dash="solid" if run["seed"] == 0 else "dot"),
+                                 hovertemplate="step %{x}: %{y:.3f}<extra>" + label + "</extra>"), row=1, col=1)
+        fig.add_trace(go.Bar(x=[f"{run['attention']} s{run['seed']}"], y=[run["median_step_ms"]], showlegend=False,
+                             marker_color=colours[run["attention"]], hovertemplate="%{y:.1f} ms<extra>" + label + "</extra>"),
+                      row=1, col=2)
+    c = data["config"]
+    fig.update_xaxes(title="step", row=1, col=1)
+    fig.update_yaxes(title="cross-entropy (nats per character)", row=1, col=1)
+    fig.update_yaxes(title="ms per step", rangemode="tozero", row=1, col=2)
+    fig.update_layout(height=520, hovermode="closest", margin=dict(t=150, b=150))
+    return _layout(fig, data, f"A {c['n_layer']}-layer GPT ({c['n_head']} heads of {c['n_embd'] // c['n_head']}, "
+                              f"context {c['block_size']}, batch {c['batch_size']}, bf16 autocast)")
 
 
 # --- chapter 4 ----------------------------------------------------------------------------------
