@@ -538,11 +538,14 @@ def run_suite(
         "ceilings": ceilings,
         "results": [],
     }
-    kept = []
+    kept, earlier_complete = [], True
     if append and out_path.exists():
         # a suite too long for one sitting, run in parts (e.g. one dtype each): keep the earlier
         # parts' rows, each tagged with the run that measured it, and their provenance
         earlier = json.loads(out_path.read_text())
+        if earlier["provenance"].get("suite") != name:
+            raise SystemExit(f"--append: {out_path} holds suite {earlier['provenance'].get('suite')!r}, not {name!r}")
+        earlier_complete = earlier.get("complete", False)
         runs = earlier.get("earlier_runs", []) + [{k: earlier[k] for k in ("provenance", "ceilings")}]
         result["earlier_runs"] = runs
         measuring = {(p, s) for p, s in jobs}
@@ -552,7 +555,7 @@ def run_suite(
     for p, s in _progress(jobs, name):
         result["results"].append(measure(PROVIDERS[p], s) | {"provider_key": p})
         # rewritten after every row: a run cut short by a time limit still leaves what it measured
-        result["complete"] = len(result["results"]) == len(jobs)
+        result["complete"] = len(result["results"]) == len(jobs) and earlier_complete
         out_path.write_text(json.dumps(result | {"results": kept + result["results"]}, indent=1) + "\n")
     return result | {"results": kept + result["results"]}
 

@@ -194,7 +194,7 @@ def _teaching_config(head_dim: int) -> dict:
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner may pick on a GPU. (128, 128, 8, 2) and
-# (128, 32, 4, 4) were candidates too and never won a cell of the H100 grid (data/ch05_fwd.json).
+# (128, 32, 4, 4) were candidates too and won no cell of a first H100 probe (data/ch05_fwd_probe.json).
 # The last is the teaching tile: the only one whose shared memory fits float32 at head_dim 256.
 TILE_CONFIGS = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
 
@@ -237,13 +237,13 @@ def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
 
 
 def _descriptors_apply(k: torch.Tensor, v: torch.Tensor) -> bool:
-    """TMA needs K and V as row-major matrices with 16-byte aligned rows. Tiles are also kept to
-    rows of at most 512 bytes: float32 at head_dim 256 (1 KiB rows) gave wrong outputs through
-    descriptors on the H100 with Triton 3.6 (data/logs, chapter 5 GPU run), while 16-bit rows of
-    up to 256 values were right."""
+    """TMA needs K and V as row-major matrices with 16-byte aligned rows. Descriptors are also kept
+    to 16-bit dtypes, the ones tested on the GPU: float32 at head_dim 256 gave wrong outputs through
+    descriptors on the H100 with Triton 3.6 (BENCHMARKS.md, second session), and float32 at smaller
+    head_dims has no GPU test of this path."""
     return all(
-        t.is_contiguous() and (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-        and _block_d(t.shape[-1]) * t.element_size() <= 512
+        t.is_contiguous() and t.element_size() == 2
+        and (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
         for t in (k, v)
     )
 
@@ -256,8 +256,8 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     if config is not None:
         descriptors = config.kwargs["USE_DESCRIPTORS"]
     if descriptors and not _descriptors_apply(k, v):
-        raise ValueError("descriptors=True needs contiguous k and v with 16-byte aligned rows of at most "
-                         f"512 bytes; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
+        raise ValueError("descriptors=True needs contiguous float16 or bfloat16 k and v with 16-byte aligned "
+                         f"rows; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
     if descriptors is None:  # the tuned launcher lets the autotuner choose where TMA may be used
         choice = EITHER if tuned and k.is_cuda and _descriptors_apply(k, v) else POINTERS_ONLY
     else:
@@ -289,9 +289,10 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
 
 def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
     """The configuration the autotuner settled on for these inputs (after a call), for reports."""
+    # the autotuner's key: the `key` arguments in order, then the dtypes of the tensor arguments (q first)
+    bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
     for key, config in _flash_v2_fwd_tuned.cache.items():
-        bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
-        if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and str(q.dtype) in key:
+        if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and key[5] == str(q.dtype):
             return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     return None
 # --8<-- [end:launcher]
@@ -315,7 +316,8 @@ def flash_attn_v2_tuned(
 ) -> torch.Tensor:
     """The same kernel with tile sizes, warps, pipeline depth and the way K/V tiles are loaded
     autotuned per shape on the GPU. With `descriptors=None` the autotuner may fetch K/V through
-    tensor descriptors (TMA on Hopper) when k and v are contiguous CUDA tensors with 16-byte rows,
+    tensor descriptors (TMA on Hopper) when k and v are contiguous float16/bfloat16 CUDA tensors with
+    16-byte rows,
     and keeps whichever is faster; `descriptors=False` forces pointer loads, `True` descriptors."""
     return _launch(q, k, v, causal, sm_scale, out, tuned=True, descriptors=descriptors)[0]
 

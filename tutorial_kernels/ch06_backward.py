@@ -305,7 +305,8 @@ def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     chosen = {}
     for name, kernel in (("dkdv", _dkdv_tuned), ("dq", _dq_tuned)):
         for key, config in kernel.cache.items():
-            if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and str(q.dtype) in key:
+            # the key: the `key` arguments in order, then the dtypes of the tensor arguments (q first)
+            if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and key[4] == str(q.dtype):
                 chosen[name] = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     return chosen or None
 
@@ -390,5 +391,5 @@ def flash_attention(
     """
     check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if not isinstance(tuned, bool):
-        raise TypeError(f"tuned must be a bool, got {type(tuned).__name__}")
+        raise TypeError(f"tuned must be a bool, got {type(tuned).__name__} {tuned!r}")
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, tuned)

@@ -737,54 +737,30 @@ def backward_tflops(data: dict | None = None) -> go.Figure:
     return _tflops_by_cell(data or load_data("ch06_bwd"), "Backward TFLOP/s vs N (B·N = 16384, H·d = 2048)")
 
 
-def fa2_ratio_rows(data: dict, n_min: int = 0, ours: str = "flash-v2-tuned",
-                   references: tuple[str, ...] = ("sdpa-cudnn", "sdpa-flash", "flash-v2-triton", "flash-v1-triton")) -> list[dict]:
-    """Per cell (d, causal, dtype, N): our kernel's speed as a multiple of each reference's."""
-    by = {(r["provider_key"], r["head_dim"], r["causal"], r["dtype"], r["n"]): r for r in data["results"] if r["status"] == "ok"}
-    out = []
-    for d, causal, dtype in _ch05_cells(data):
-        for n in sorted({r["n"] for r in data["results"]}):
-            if n < n_min or (ours, d, causal, dtype, n) not in by:
-                continue
-            mine = by[(ours, d, causal, dtype, n)]["tflops"]
-            row = dict(head_dim=d, causal=causal, dtype=dtype, n=n, tflops=mine)
-            for ref in references:
-                if (ref, d, causal, dtype, n) in by:
-                    row[ref] = mine / by[(ref, d, causal, dtype, n)]["tflops"]
-            out.append(row)
-    return out
+def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
+    """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
+    chapter's targets cover, N ≥ BAR_MIN_N."""
+    from tutorial_kernels.figures_benchmarks import BAR_MIN_N, _ratio_table, ratio_rows
 
-
-def _ratio_table(data: dict, rows: list[dict], columns: dict[str, str], title: str) -> go.Figure:
-    header = ["d", "causal", "dtype", "N", "TFLOP/s", *columns.values()]
-    values = [
-        [r["head_dim"] for r in rows], ["yes" if r["causal"] else "no" for r in rows], [r["dtype"] for r in rows],
-        [r["n"] for r in rows], [f"{r['tflops']:.0f}" for r in rows],
-        *[[f"{r[key]:.2f}" if key in r else "–" for r in rows] for key in columns],
-    ]
-    fig = go.Figure(go.Table(header=dict(values=header, fill_color="#e8eaf6", align="center"),
-                             cells=dict(values=values, align="center", height=24)))
-    fig.update_layout(height=min(26 * len(rows) + 220, 900), margin=dict(t=150, l=10, r=10, b=10))
+    rows = [r for r in ratio_rows(data, pass_name) if r["n"] >= BAR_MIN_N]
+    fig = go.Figure(_ratio_table(data, pass_name, rows))
+    fig.update_layout(height=min(26 * len(rows) + 260, 1000), margin=dict(t=150, l=10, r=10, b=10))
     return _layout(fig, data, title)
 
 
 @figure("ch05-ratio-table")
 def fa2_ratio_table(data: dict | None = None) -> go.Figure:
-    """The tuned forward against cuDNN, torch flash, the teaching kernel and FlashAttention-1, N ≥ 4096."""
-    data = data or load_data("ch05_fwd")
-    columns = {"sdpa-cudnn": "× cuDNN", "sdpa-flash": "× torch flash", "flash-v2-triton": "× teaching",
-               "flash-v1-triton": "× FA-1 (ch. 4)"}
-    return _ratio_table(data, fa2_ratio_rows(data, n_min=4096), columns,
-                        "Tuned FlashAttention-2 forward as a multiple of each, N ≥ 4096")
+    """The tuned forward against cuDNN and torch flash (and the teaching kernel and FlashAttention-1 against
+    them), N ≥ 4096, each cell flagged against its bar."""
+    return _chapter_ratio_table(data or load_data("ch05_fwd"), "forward",
+                                "Forward: our kernels as multiples of torch's cuDNN and flash backends, N ≥ 4096")
 
 
 @figure("ch06-ratio-table")
 def backward_ratio_table(data: dict | None = None) -> go.Figure:
-    """Chapter 6's backward against cuDNN's and torch flash's, N ≥ 4096."""
-    data = data or load_data("ch06_bwd")
-    rows = fa2_ratio_rows(data, n_min=4096, ours="flash-attention", references=("sdpa-cudnn", "sdpa-flash"))
-    return _ratio_table(data, rows, {"sdpa-cudnn": "× cuDNN", "sdpa-flash": "× torch flash"},
-                        "Backward (dQ, dK, dV) as a multiple of torch's, N ≥ 4096")
+    """Chapter 6's backward against cuDNN's and torch flash's, N ≥ 4096, flagged against the bars."""
+    return _chapter_ratio_table(data or load_data("ch06_bwd"), "backward",
+                                "Backward (dQ, dK, dV) as a multiple of torch's cuDNN and flash backends, N ≥ 4096")
 
 
 @figure("ch06-training")

@@ -1,6 +1,7 @@
 """The benchmark harness's conventions, and the integrity of the committed benchmark data."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -63,6 +64,14 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
     missing = PROVENANCE_KEYS - set(data["provenance"])
     assert not missing, f"{path.name}: provenance lacks {sorted(missing)}"
     assert data["provenance"]["git_commit"] != "unknown", f"{path.name}: no commit recorded"
+    if "runs" in data:  # a training comparison (tutorial_kernels.gpt): every step's loss, finite
+        for run in data["runs"]:
+            assert len(run["losses"]) == data["config"]["steps"] and all(math.isfinite(x) for x in run["losses"])
+        return
+    if "checks" in data:  # the prefill study: models' logits checked against SDPA's before any timing counts
+        assert data["checks"] and all(c["passed"] for c in data["checks"]), data["checks"]
+        assert all(r["ms"] > 0 for r in data["results"] if r["status"] == "ok")
+        return
     for row in data["results"]:
         assert row["status"] in ("ok", "oom", "unsupported"), row
         if row["status"] == "ok":

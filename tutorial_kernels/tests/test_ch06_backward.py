@@ -3,9 +3,10 @@
 import pytest
 import torch
 import torch.nn.functional as F
+import triton
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
-from tutorial_kernels.ch06_backward import _dkdv_tuned, _dq_tuned, flash_attention, flash_attn_backward
+from tutorial_kernels.ch06_backward import _backward_config, _dkdv_tuned, _dq_tuned, flash_attention, flash_attn_backward
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
 from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, grad_tolerance, random_qkv
@@ -191,16 +192,18 @@ def test_tuned_gradients_on_gpu(case, causal, dtype):
     check_gradients(x.q, x.k, x.v, causal, dtype, x.seed, tuned=True)
 
 
-BACKWARD_CONFIGS = list(zip(_dkdv_tuned.configs, _dq_tuned.configs))
+# each kernel's candidates, paired with the other kernel's teaching config: the autotuner picks the
+# two kernels' configurations independently
+BACKWARD_CONFIGS = [("dkdv", c) for c in _dkdv_tuned.configs] + [("dq", c) for c in _dq_tuned.configs]
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter has one tuning config, the teaching one's tiles")
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("configs", BACKWARD_CONFIGS,
-                         ids=lambda c: "dkdv{}x{}-dq{}x{}".format(c[0].kwargs["BLOCK_M"], c[0].kwargs["BLOCK_N"],
-                                                                 c[1].kwargs["BLOCK_M"], c[1].kwargs["BLOCK_N"]))
-def test_every_backward_config(configs, causal, head_dim):
+@pytest.mark.parametrize("kernel,config", BACKWARD_CONFIGS,
+                         ids=[f"{k}{c.kwargs['BLOCK_M']}x{c.kwargs['BLOCK_N']}w{c.num_warps}s{c.num_stages}"
+                              for k, c in BACKWARD_CONFIGS])
+def test_every_backward_config(kernel, config, causal, head_dim):
     """Each tuning candidate of both kernels, at ragged n_q ≠ n_k with GQA: the autotuner may pick any."""
     from triton.runtime.errors import OutOfResources
 
@@ -208,6 +211,10 @@ def test_every_backward_config(configs, causal, head_dim):
     k, v = x.k[:, :2], x.v[:, :2]
     o, lse = flash_attn_v2_with_lse(x.q, k, v, causal)
     do = torch.randn(o.shape, device=o.device).to(torch.float16)
+    t = _backward_config(head_dim)
+    teaching = triton.Config({"BLOCK_M": t["BLOCK_M"], "BLOCK_N": t["BLOCK_N"]}, num_warps=t["num_warps"],
+                             num_stages=t["num_stages"])
+    configs = (config, teaching) if kernel == "dkdv" else (teaching, config)
     try:
         grads = flash_attn_backward(x.q, k, v, o, lse, do, causal, tuned=False, configs=configs)
     except OutOfResources as err:  # the autotuner skips such configs too
