@@ -43,8 +43,9 @@ SECTOR_BYTES = 32
 UNIT_PREFIXES = {"K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}  # ncu's scaled units (Kbyte, Msector, …) when not base
 NAIVE_KERNELS = ["_scores_kernel", "_softmax_kernel", "_pv_kernel"]
 FLASH_KERNEL = "_flash_v1_kernel"
+FLASH2_KERNEL = "_flash_v2_fwd_kernel"
 INIT_MARK = "FillFunctor"  # torch.zeros / torch.full: Algorithm 1's lines 1–4, before the launch
-KERNEL_REGEX = "|".join([*NAIVE_KERNELS, FLASH_KERNEL, INIT_MARK])
+KERNEL_REGEX = "|".join([*NAIVE_KERNELS, FLASH_KERNEL, FLASH2_KERNEL, INIT_MARK])
 
 
 def configurations() -> list[dict]:
@@ -65,6 +66,15 @@ def configurations() -> list[dict]:
                 configs.append({"series": "by-n", "schedule": "flash-v1", **shape(n, d), "causal": causal,
                                 "block_m": blocks["block_m"], "block_n": blocks["block_n"]})
             configs.append({"series": "by-n", "schedule": "naive", **shape(n, d), "causal": False})
+    # chapter 5: FlashAttention-2's teaching configuration on the same shapes (`--series fa2-by-n --merge`)
+    from tutorial_kernels.ch05_flash_v2 import _teaching_config
+
+    for d in (64, 128):
+        blocks = _teaching_config(d)
+        for n in (512, 1024, 2048, 4096, 8192, 16384):
+            for causal in (False, True):
+                configs.append({"series": "fa2-by-n", "schedule": "flash-v2", **shape(n, d), "causal": causal,
+                                "block_m": blocks["BLOCK_M"], "block_n": blocks["BLOCK_N"]})
     return configs
 
 
@@ -75,6 +85,7 @@ def drive(config_path: Path) -> None:
 
     from tutorial_kernels.ch02_naive_attention import naive_attention
     from tutorial_kernels.ch04_flash_v1 import flash_attn_v1_with_stats
+    from tutorial_kernels.ch05_flash_v2 import flash_attn_v2
 
     configs = json.loads(config_path.read_text())
     for index, c in enumerate(configs):
@@ -84,6 +95,8 @@ def drive(config_path: Path) -> None:
                    for _ in range(3))
         if c["schedule"] == "naive":
             run = lambda: naive_attention(q, k, v, c["causal"])  # noqa: E731
+        elif c["schedule"] == "flash-v2":
+            run = lambda: flash_attn_v2(q, k, v, c["causal"])  # noqa: E731
         else:
             run = lambda: flash_attn_v1_with_stats(q, k, v, c["causal"], block_m=c["block_m"], block_n=c["block_n"])  # noqa: E731
         run()  # compile, outside the profiled range
@@ -162,6 +175,8 @@ def assign(configs: list[dict], records: list[dict]) -> list[dict]:
         kernels = []
         if c["schedule"] == "naive":
             expected = NAIVE_KERNELS
+        elif c["schedule"] == "flash-v2":
+            expected = [FLASH2_KERNEL]  # O and lse come from torch.empty: no fill kernels before it
         else:
             while pos < len(records) and INIT_MARK in records[pos]["kernel"]:
                 kernels.append(records[pos])
@@ -202,6 +217,11 @@ def predicted(c: dict) -> dict:
         model = naive_kernel_bytes(*args)
         return {"predicted": {name: {"read": model[f"{name}_read"], "write": model[f"{name}_write"]}
                               for name in NAIVE_KERNELS}}
+    if c["schedule"] == "flash-v2":
+        from tutorial_kernels.ch05_flash_v2 import flash_v2_hbm_bytes
+
+        model = flash_v2_hbm_bytes(*args, c["block_m"], c["block_n"], c["causal"])
+        return {"predicted": {FLASH2_KERNEL: {"read": model["kernel_read"], "write": model["kernel_write"]}}}
     model = flash_v1_hbm_bytes(*args, c["block_m"], c["block_n"], c["causal"])
     return {"predicted": {"init (torch fill)": {"read": 0, "write": model["init_write"]},
                           FLASH_KERNEL: {"read": model["kernel_read"], "write": model["kernel_write"]}}}
@@ -233,7 +253,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--ncu", help="path to ncu (default: on PATH, else /usr/local/cuda/bin/ncu)")
     parser.add_argument("--driver", type=Path, help=argparse.SUPPRESS)  # internal: run under ncu
     parser.add_argument("--timeout", type=int, default=1500, help="seconds per ncu session")
-    parser.add_argument("--series", nargs="+", choices=["by-n", "by-block"], help="measure only these series")
+    parser.add_argument("--series", nargs="+", choices=["by-n", "by-block", "fa2-by-n"], help="measure only these series")
     parser.add_argument("--merge", action="store_true", help="keep the other series already in --out")
     args = parser.parse_args(argv)
     if args.driver is not None:

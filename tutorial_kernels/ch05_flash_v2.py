@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tutorial_kernels import timeline
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
@@ -104,16 +105,19 @@ def _attend_to_key_tiles(
 # --8<-- [start:forward_kernel]
 @triton.jit
 def _flash_v2_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, trace_ptr,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket, load_choice,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
+    EVEN_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr, TRACE: tl.constexpr = False,
 ):
-    """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see."""
+    """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see.
+    TRACE records the program's SM and start/end times into trace_ptr (chapter 1's timeline)."""
+    if TRACE:
+        started = timeline.program_start()
     # Causal tiles near the end of the sequence see the most keys: launch them first so the long
     # programs start early and the short ones fill the gaps at the end (less tail imbalance).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
@@ -178,6 +182,8 @@ def _flash_v2_fwd_kernel(
     # lse = ln Σ_j e^{S_ij} = (m + log₂ l) · ln 2, since m and the exponents are in log₂ units
     lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
     tl.store(lse_ptr + pid_bh * n_q + offs_m, lse, mask=offs_m < n_q)
+    if TRACE:
+        timeline.program_end(trace_ptr, started)
 # --8<-- [end:forward_kernel]
 
 
@@ -249,7 +255,7 @@ def _descriptors_apply(k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | None = None,
-            config: triton.Config | None = None):
+            config: triton.Config | None = None, trace: torch.Tensor | None = None):
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(out, "out", tuple(q.shape), q)
     lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device)
@@ -265,7 +271,7 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     if choice != POINTERS_ONLY and k.is_cuda:
         triton.set_allocator(_descriptor_scratch)  # process-wide; it only hands out scratch bytes
     args = (
-        q, k, v, o, lse,
+        q, k, v, o, lse, trace,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
         shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
@@ -274,7 +280,9 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     )
     block_d = _block_d(shape.head_dim)
     # EVEN_D: head_dim is a power of two ≥ 16, so full-tile loads need no mask along d
-    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim)
+    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim, TRACE=trace is not None)
+    if tuned and trace is not None:
+        raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
     if tuned:
         grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
         _flash_v2_fwd_tuned[grid](*args, **fixed)
@@ -328,3 +336,66 @@ def flash_attn_v2_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse): the output and each row's log Σ_j e^{S_ij} (float32, (B, H, n_q); −∞ where a query sees no key)."""
     return _launch(q, k, v, causal, sm_scale, None, tuned=tuned)
+
+
+# --- chapter 1's timeline, for FlashAttention-1 against FlashAttention-2 -----------------------------
+
+
+def flash_v2_timeline(
+    batch: int, heads: int, n: int, head_dim: int, causal: bool = False, dtype: torch.dtype = torch.float16,
+    *, seed: int = 0,
+) -> timeline.Timeline:
+    """Run the teaching FlashAttention-2 once on random inputs and record, per program, its SM and
+    start/end time. Needs a CUDA GPU (the recorder reads %smid and %globaltimer with inline assembly)."""
+    timeline.require_recording()
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn(batch, heads, n, head_dim, generator=gen, device="cuda", dtype=dtype) for _ in range(3))
+    flash_attn_v2(q, k, v, causal)  # compile first: the recorded launch is a warm one
+    config = _teaching_config(head_dim)
+    programs = triton.cdiv(n, config["BLOCK_M"]) * batch * heads
+    trace = timeline.new_trace(programs)
+    _launch(q, k, v, causal, None, None, tuned=False, trace=trace)
+    torch.cuda.synchronize()
+    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
+    return timeline.Timeline.from_trace(
+        trace, f"FlashAttention-2, B·H = {batch * heads}", sm_count=sm_count,
+        grid=programs, batch=batch, heads=heads, n=n, head_dim=head_dim, causal=causal,
+        dtype=str(dtype).removeprefix("torch."), **config,
+    )
+
+
+def record_timelines() -> dict:
+    """FlashAttention-1 (chapter 4: one program per (batch, head)) against FlashAttention-2 (one per
+    query tile too) at B·H = 8, N = 4096, d = 64, fp16: 8 programs against 8 · 4096 / BLOCK_M."""
+    from tutorial_kernels.ch04_flash_v1 import flash_v1_timeline
+
+    shape = (1, 8, 4096, 64)
+    return {
+        "description": "Chapter 5: where FlashAttention-1's and FlashAttention-2's programs ran at B·H = 8, fp16, not causal",
+        "notes": ["One launch per timeline, after a warm-up launch of the same shape; the teaching configurations.",
+                  "Times are %globaltimer stamps at each program's start and end, relative to the first start."],
+        "timelines": [flash_v1_timeline(*shape).to_dict(), flash_v2_timeline(*shape).to_dict()],
+    }
+
+
+def flash_v2_hbm_bytes(
+    batch: int, heads: int, n_q: int, n_k: int, head_dim: int, element_size: int,
+    block_m: int, block_n: int, causal: bool = False,
+) -> dict[str, int]:
+    """Bytes this schedule reads and writes in HBM if no cache helps (chapter 4's model, for Algorithm 1
+    of FlashAttention-2): each program reads its Q tile once and every K/V tile it visits once, and
+    writes its O tile and lse once. The L2 cache lets the programs of one head share K and V, so the
+    measured DRAM bytes can fall far below this count; Q, O and lse cannot."""
+    b, d = element_size, head_dim
+    kv_rows_read = 0  # Σ over query tiles of the keys their programs load
+    for start_m in range(0, n_q, block_m):
+        if causal:  # keys up to the last row's horizon, whole tiles (the masked tile is loaded in full)
+            horizon = min(start_m + block_m + (n_k - n_q), n_k)
+            kv_rows_read += min(-(-max(horizon, 0) // block_n) * block_n, n_k)
+        else:
+            kv_rows_read += n_k
+    per_head = {
+        "kernel_read": n_q * d * b + 2 * kv_rows_read * d * b,  # Q once; K and V per visiting program
+        "kernel_write": n_q * (d * b + 4),  # O and the float32 lse
+    }
+    return {key: batch * heads * value for key, value in per_head.items()}

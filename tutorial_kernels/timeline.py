@@ -184,6 +184,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 # name → (module, function returning a dict of JSON-able results, default data file)
 EXPERIMENTS: dict[str, tuple[str, str, str]] = {
     "ch01-residency": ("tutorial_kernels.ch01_gpu_hierarchy", "record_residency_experiments", "ch01_timelines.json"),
+    "ch05-fa1-vs-fa2": ("tutorial_kernels.ch05_flash_v2", "record_timelines", "ch05_timeline.json"),
 }
 
 
