@@ -744,7 +744,7 @@ def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
 
     rows = [r for r in ratio_rows(data, pass_name) if r["n"] >= BAR_MIN_N]
     fig = go.Figure(_ratio_table(data, pass_name, rows))
-    fig.update_layout(height=min(26 * len(rows) + 260, 1000), margin=dict(t=150, l=10, r=10, b=10))
+    fig.update_layout(height=min(34 * len(rows) + 260, 1600), margin=dict(t=150, l=10, r=10, b=10))
     return _layout(fig, data, title)
 
 
