@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention
 from tutorial_kernels.reference import reference_attention, reference_softmax, relative_error
 from tutorial_kernels.testing import fresh_seed, random_qkv
+from tutorial_kernels.validation import UnsupportedShape
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
@@ -417,7 +418,7 @@ def measure(provider: Provider, shape, *, warmup_ms: int = 25, rep_ms: int = 100
     except torch.OutOfMemoryError:
         row["status"] = "oom"
         return row
-    except ValueError as err:  # one of our kernels refuses the shape (e.g. chapter 4 stops at d = 128)
+    except UnsupportedShape as err:  # one of our kernels refuses the shape (e.g. chapter 4 stops at d = 128)
         row["status"] = "unsupported"
         row["error"] = str(err).splitlines()[0][:300]
         return row

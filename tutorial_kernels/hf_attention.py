@@ -120,6 +120,11 @@ def _check_mask_is_redundant(mask: torch.Tensor, n_q: int, n_k: int, causal: boo
         )
     if mask.dtype == torch.bool:
         visible = mask
+    elif not mask.is_floating_point():
+        raise TypeError(
+            f"attention_mask: expected a boolean mask (True = attend) or an additive float mask, got dtype "
+            f"{mask.dtype}; {_HELP}"
+        )
     else:
         visible = mask == 0
         hidden = mask <= torch.finfo(mask.dtype).min / 2

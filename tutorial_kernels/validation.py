@@ -45,6 +45,12 @@ class AttentionShape:
         return self.heads // self.kv_heads
 
 
+class UnsupportedShape(ValueError):
+    """A valid attention problem that this kernel does not handle (e.g. chapter 4 stops at
+    head_dim 128): benchmarks record it as "unsupported" instead of failing, while any other
+    ValueError stays an error."""
+
+
 def check_attention_inputs(
     q: object,
     k: object,
@@ -103,7 +109,7 @@ def check_attention_inputs(
         if size < 1:
             raise ValueError(f"{name} must be at least 1, got {size} (q {tuple(q.shape)}, k {tuple(k.shape)})")
     if not min_head_dim <= head_dim <= max_head_dim:
-        raise ValueError(
+        raise UnsupportedShape(
             f"head_dim (q.shape[3]) must be between {min_head_dim} and {max_head_dim}, got {head_dim}"
         )
 

@@ -198,6 +198,8 @@ def test_a_mask_that_hides_more_is_refused():
     bias = torch.full((1, 1, 5, 9), 0.5, device=DEVICE)
     with pytest.raises(ValueError, match=r"values other than 0 and -inf \(an additive bias"):
         tutorial_flash_attention(_Layer(), q, k, v, bias)
+    with pytest.raises(TypeError, match=r"expected a boolean mask .* got dtype torch.int64"):
+        tutorial_flash_attention(_Layer(), q, k, v, torch.ones(1, 1, 5, 9, dtype=torch.long, device=DEVICE))
 
 
 def test_mask_function_returns_none_exactly_when_the_kernel_needs_no_mask():
