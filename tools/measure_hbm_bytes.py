@@ -59,22 +59,18 @@ def configurations() -> list[dict]:
     for block_m, block_n in [(64, 16), (64, 32), (64, 64), (64, 128), (64, 256), (32, 128), (128, 128)]:
         configs.append({"series": "by-block", "schedule": "flash-v1", **shape(4096, 64), "causal": False,
                         "block_m": block_m, "block_n": block_n})
-    for d in (64, 128):
-        blocks = gpu_blocks(d)
-        for n in (512, 1024, 2048, 4096, 8192, 16384):
-            for causal in (False, True):
-                configs.append({"series": "by-n", "schedule": "flash-v1", **shape(n, d), "causal": causal,
-                                "block_m": blocks["block_m"], "block_n": blocks["block_n"]})
-            configs.append({"series": "by-n", "schedule": "naive", **shape(n, d), "causal": False})
-    # chapter 5: FlashAttention-2's teaching configuration on the same shapes (`--series fa2-by-n --merge`)
     from tutorial_kernels.ch05_flash_v2 import _teaching_config
 
     for d in (64, 128):
-        blocks = _teaching_config(d)
+        v1, v2 = gpu_blocks(d), _teaching_config(d)  # chapter 4's tiles; chapter 5's teaching tiles
         for n in (512, 1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
+                configs.append({"series": "by-n", "schedule": "flash-v1", **shape(n, d), "causal": causal,
+                                "block_m": v1["block_m"], "block_n": v1["block_n"]})
+                # chapter 5, its own series so that it can be measured alone (`--series fa2-by-n --merge`)
                 configs.append({"series": "fa2-by-n", "schedule": "flash-v2", **shape(n, d), "causal": causal,
-                                "block_m": blocks["BLOCK_M"], "block_n": blocks["BLOCK_N"]})
+                                "block_m": v2["BLOCK_M"], "block_n": v2["BLOCK_N"]})
+            configs.append({"series": "by-n", "schedule": "naive", **shape(n, d), "causal": False})
     return configs
 
 

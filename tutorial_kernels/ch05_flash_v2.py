@@ -261,6 +261,10 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device)
     if config is not None:
         descriptors = config.kwargs["USE_DESCRIPTORS"]
+    if descriptors is not None and not isinstance(descriptors, bool):
+        raise TypeError(f"descriptors must be None, True or False, got {type(descriptors).__name__} {descriptors!r}")
+    if tuned and config is not None:
+        raise ValueError("config: names one configuration for the untuned launch; got one with tuned=True")
     if descriptors and not _descriptors_apply(k, v):
         raise ValueError("descriptors=True needs contiguous float16 or bfloat16 k and v with 16-byte aligned "
                          f"rows; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
@@ -295,15 +299,23 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     return o, lse
 
 
-def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
-    """The configuration the autotuner settled on for these inputs (after a call), for reports."""
-    # the autotuner's key: the `key` arguments in order, then the dtypes of the tensor arguments (q first)
-    bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
-    for key, config in _flash_v2_fwd_tuned.cache.items():
-        if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and key[5] == str(q.dtype):
+# --8<-- [end:launcher]
+
+
+def autotuner_choice(kernel, q: torch.Tensor, k: torch.Tensor, causal: bool) -> dict | None:
+    """The configuration `kernel` (a triton.autotune wrapper keyed by length bucket, head_dim, causal
+    and BLOCK_D first) settled on for inputs like q, k, for reports. Its cache key is the `key`
+    arguments in order, then the dtypes of the tensor arguments, q's first."""
+    prefix = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal, _block_d(q.shape[3]))
+    for key, config in kernel.cache.items():
+        if key[:4] == prefix and key[len(kernel.keys)] == str(q.dtype):
             return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     return None
-# --8<-- [end:launcher]
+
+
+def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
+    """The configuration the autotuner settled on for these inputs (after a call), for reports."""
+    return autotuner_choice(_flash_v2_fwd_tuned, q, k, causal)
 
 
 def flash_attn_v2(

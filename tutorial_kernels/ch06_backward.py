@@ -34,7 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
+from tutorial_kernels.ch05_flash_v2 import autotuner_choice, flash_attn_v2_with_lse
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.validation import check_attention_inputs
 
@@ -301,14 +301,8 @@ _dq_tuned = triton.autotune(
 
 def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
     """The configurations the autotuner settled on for these inputs (after a backward), for reports."""
-    bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
-    chosen = {}
-    for name, kernel in (("dkdv", _dkdv_tuned), ("dq", _dq_tuned)):
-        for key, config in kernel.cache.items():
-            # the key: the `key` arguments in order, then the dtypes of the tensor arguments (q first)
-            if key[:4] == (bucket, q.shape[3], causal, _block_d(q.shape[3])) and key[4] == str(q.dtype):
-                chosen[name] = {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    return chosen or None
+    chosen = {name: autotuner_choice(kernel, q, k, causal) for name, kernel in (("dkdv", _dkdv_tuned), ("dq", _dq_tuned))}
+    return {name: c for name, c in chosen.items() if c is not None} or None
 
 
 # --8<-- [start:backward_launcher]

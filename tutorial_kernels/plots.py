@@ -713,15 +713,22 @@ def _tflops_by_cell(data: dict, title: str) -> go.Figure:
                     hovertemplate="N = %{x}: %{y:.0f} TFLOP/s<extra>" + _label(data, key) + "</extra>",
                 ), row=i // 2 + 1, col=i % 2 + 1)
                 trace_dtypes.append(dtype)
-    ceiling = data["ceilings"]["matmul_fp16_tflops"]
-    for i in range(len(panels)):
-        fig.add_hline(y=ceiling, line=dict(color="black", dash="dot"), row=i // 2 + 1, col=i % 2 + 1,
-                      **({"annotation_text": f"fp16 matmul, same run: {ceiling:.0f}"} if i == 0 else {}))
+    from tutorial_kernels.figures_benchmarks import _run_ceiling
+
+    lengths = sorted({r["n"] for r in data["results"]})
+    for dtype in dtypes:  # the ceiling of the run that measured this dtype (a file may hold several runs)
+        ceiling = _run_ceiling(data, [r for r in data["results"] if r["dtype"] == dtype])
+        for i in range(len(panels)):
+            fig.add_trace(go.Scatter(
+                x=[lengths[0], lengths[-1]], y=[ceiling, ceiling], mode="lines", line=dict(color="black", dash="dot"),
+                name=f"fp16 matmul, same run: {ceiling:.0f}", legendgroup="ceiling", showlegend=i == 0,
+                visible=dtype == dtypes[0], hovertemplate=f"fp16 matmul ceiling: {ceiling:.0f} TFLOP/s<extra></extra>",
+            ), row=i // 2 + 1, col=i % 2 + 1)
+            trace_dtypes.append(dtype)
     fig.update_layout(updatemenus=[dict(
         type="buttons", direction="right", x=1, y=1.0 + 0.5 / len(head_dims), xanchor="right",
         buttons=[dict(label=dt, method="update", args=[{"visible": [t == dt for t in trace_dtypes]}]) for dt in dtypes],
     )], height=380 * len(head_dims) + 200, hovermode="closest", margin=dict(t=170, b=140))
-    lengths = sorted({r["n"] for r in data["results"]})
     fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths], title="sequence length N")
     fig.update_yaxes(title="TFLOP/s", rangemode="tozero", col=1)
     return _layout(fig, data, title)

@@ -94,6 +94,10 @@ def test_rejects_what_it_cannot_do():
         flash_attn_v2(y.q, y.k, y.v)
     with pytest.raises(ValueError, match=r"k and v must have the same shape"):
         flash_attn_v2(x.q, x.k, x.v[:, :2])
+    with pytest.raises(TypeError, match=r"descriptors must be None, True or False, got str 'yes'"):
+        flash_attn_v2_tuned(x.q, x.k, x.v, descriptors="yes")
+    with pytest.raises(ValueError, match=r"config: names one configuration for the untuned launch"):
+        _launch(x.q, x.k, x.v, False, None, None, tuned=True, config=_flash_v2_fwd_tuned.configs[0])
 
 
 @pytest.mark.skipif(not ON_GPU, reason="long sequences are too slow for the interpreter")
