@@ -223,7 +223,18 @@ def predicted(c: dict) -> dict:
                           FLASH_KERNEL: {"read": model["kernel_read"], "write": model["kernel_write"]}}}
 
 
-def write(out: Path, info: dict, metrics: list[str], rows: list[dict]) -> None:
+def earlier_runs(previous: dict, kept_series: set[str]) -> list[dict]:
+    """With --merge, the kept rows were measured by earlier runs: which run measured which kept series,
+    with that run's provenance. A file's own provenance covers the series no earlier run claims."""
+    runs = previous.get("earlier_runs", [])
+    claimed = {name for run in runs for name in run["series"]}
+    latest = sorted({r["series"] for r in previous["measurements"]} - claimed)
+    runs = [*runs, {"series": latest, "provenance": previous["provenance"]}]
+    return [{"series": [name for name in run["series"] if name in kept_series], "provenance": run["provenance"]}
+            for run in runs if kept_series & set(run["series"])]
+
+
+def write(out: Path, info: dict, metrics: list[str], rows: list[dict], earlier_runs: list[dict] | None = None) -> None:
     data = {
         "description": "Chapter 4: HBM bytes per kernel, measured with Nsight Compute's DRAM counters, "
                        "against the IO model (each access of Algorithm 0 / Algorithm 1 counted once)",
@@ -239,6 +250,8 @@ def write(out: Path, info: dict, metrics: list[str], rows: list[dict]) -> None:
         "results": [],  # bench-style timing rows; this file stores byte counts in "measurements"
         "measurements": rows,
     }
+    if earlier_runs:  # --merge: the series measured by earlier runs, with those runs' provenance
+        data["earlier_runs"] = earlier_runs
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(data, indent=1) + "\n")
 
@@ -267,8 +280,11 @@ def main(argv: list[str] | None = None) -> None:
     configs = [c for c in configurations() if args.series is None or c["series"] in args.series]
     measuring = {c["series"] for c in configs}
     kept = []
+    earlier = None
     if args.merge and args.out.exists():
-        kept = [r for r in json.loads(args.out.read_text())["measurements"] if r["series"] not in measuring]
+        previous = json.loads(args.out.read_text())
+        kept = [r for r in previous["measurements"] if r["series"] not in measuring]
+        earlier = earlier_runs(previous, {r["series"] for r in kept})
     info = provenance("ch04-hbm-bytes", sys.argv[1:] if argv is None else argv)
     info["command"] = "python3 tools/measure_hbm_bytes.py"
     info["ncu"] = version
@@ -290,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
                 raise
         rows += assign(group, records)
         info["ncu_command"] = command
-        write(args.out, info, metrics, kept + rows)
+        write(args.out, info, metrics, kept + rows, earlier)
         print(f"{series}: {len(group)} configurations, {len(records)} kernels, {time.time() - started:.0f} s", flush=True)
         for r in rows[-len(group):]:
             got = sum((k["dram_read_bytes"] or 0) + (k["dram_write_bytes"] or 0) for k in r["kernels"])
