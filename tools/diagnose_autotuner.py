@@ -3,8 +3,7 @@
     python3 tools/diagnose_autotuner.py --out data/ch05_autotuner_diagnosis.json
 
 For a few shapes of the FlashAttention-2 paper grid:
-1. the autotuner's own timing of every candidate (`configs_timings`), and the SM clock (NVML) seen
-   right after each candidate compiles — an idle H100 sits at a few hundred MHz;
+1. the autotuner's own timing of every candidate (`configs_timings`);
 2. the same candidates timed again on a warm GPU (one second of matmuls first), one after another;
 3. the tuned launcher and its chosen configuration forced, timed alternately three times.
 """
@@ -27,7 +26,6 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "ch05_autotuner_diagnosis.json")
     args = parser.parse_args()
 
-    import pynvml
     import torch
     import triton
     import triton.testing
@@ -36,22 +34,6 @@ def main() -> None:
     from tutorial_kernels import ch05_flash_v2 as ch05
     from tutorial_kernels.testing import random_qkv
 
-    pynvml.nvmlInit()
-    handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-
-    def sm_clock() -> int:
-        return pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM)
-
-    seen_clocks: list[int] = []
-    default_bench = ch05._flash_v2_fwd_tuned.do_bench
-
-    def recording_bench(kernel_call, quantiles):
-        kernel_call()  # compiles on the first call of each candidate
-        torch.cuda.synchronize()
-        seen_clocks.append(sm_clock())
-        return default_bench(kernel_call, quantiles=quantiles)
-
-    ch05._flash_v2_fwd_tuned._do_bench = recording_bench  # the property `do_bench` reads this (Triton 3.6–3.9)
     warm = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
 
     def warm_up():
@@ -63,10 +45,9 @@ def main() -> None:
     for d, causal, n in SHAPES:
         x = random_qkv(16384 // n, 2048 // d, n, n, d, torch.float16, "cuda")
         q, k, v = x.q, x.k, x.v
-        seen_clocks.clear()
         warm_up()
         ch05.flash_attn_v2_tuned(q, k, v, causal)  # autotunes
-        key, choice = next((key, c) for key, c in ch05._flash_v2_fwd_tuned.cache.items()
+        choice = next(c for key, c in ch05._flash_v2_fwd_tuned.cache.items()
                            if key[0] == triton.next_power_of_2(n) and key[1] == d and key[2] == causal)
         autotuner = {str(c): t[0] for c, t in ch05._flash_v2_fwd_tuned.configs_timings.items()}
         flops = bench.Shape(16384 // n, 2048 // d, n, d, causal).flops
@@ -84,12 +65,13 @@ def main() -> None:
                               ("forced", lambda: ch05._launch(q, k, v, causal, None, None, tuned=False, config=forced))):
                 ms = triton.testing.do_bench(fn, return_mode="median")
                 alternating.append({"launcher": label, "ms": ms, "tflops": flops / ms / 1e9})
-        row = {"head_dim": d, "causal": causal, "n": n, "choice": str(choice), "clocks_after_compile_mhz": list(seen_clocks),
+        row = {"head_dim": d, "causal": causal, "n": n, "choice": str(choice),
                "autotuner_ms": autotuner, "warm_ms": rewarm, "alternating": alternating}
         rows.append(row)
         print(json.dumps(row, indent=1), flush=True)
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"description": __doc__.split("\n")[0], "provenance": info, "results": rows}, indent=1) + "\n")
+        args.out.write_text(json.dumps({"description": __doc__.split("\n")[0], "provenance": info, "results": [],
+                                             "measurements": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

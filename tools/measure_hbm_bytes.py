@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> None:
         kept = [r for r in previous["measurements"] if r["series"] not in measuring]
         earlier = earlier_runs(previous, {r["series"] for r in kept})
     info = provenance("ch04-hbm-bytes", sys.argv[1:] if argv is None else argv)
-    info["command"] = "python3 tools/measure_hbm_bytes.py"
+    info["command"] = " ".join(["python3 tools/measure_hbm_bytes.py", *(sys.argv[1:] if argv is None else argv)])
     info["ncu"] = version
     info["timing"] = "not timed: ncu serialises kernels and flushes caches; see data/ch04_sweep.json for times"
     info.pop("peak_extra_memory", None)

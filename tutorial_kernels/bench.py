@@ -2,7 +2,8 @@
 
 For each (provider, shape) it draws fresh random inputs, checks the output of one head against the
 float64 reference, measures the peak extra memory of one call, and times the call with
-`triton.testing.do_bench` (median after warm-up). torch's own attention runs in the same process:
+`triton.testing.do_bench` (median after warm-up) in a few rounds interleaved with the shape's
+other providers, so that no provider is always the one measured first on a rested GPU. torch's own attention runs in the same process:
 eager PyTorch, and `scaled_dot_product_attention` with each backend pinned. Results and provenance
 (GPU, versions, commit, date, exact command) go to a JSON file under `data/`.
 
@@ -393,10 +394,17 @@ SUITES["ch04-sweep"] = Suite(
 )
 
 
-def measure(provider: Provider, shape, *, warmup_ms: int = 25, rep_ms: int = 100) -> dict:
-    """Check, measure memory and time one provider on one shape; never raises for OOM or refusal."""
-    import triton.testing
+# Each provider of a shape is timed in ROUNDS short rounds, interleaved with the others and in a
+# rotated order, and its time is the median over rounds. Timing each provider once, one after the
+# other, let the GPU's state set the order: the first measured after an idle gap (compiling,
+# autotuning) ran at higher clocks than one measured straight after seconds of load — up to 15 %
+# apart for the same kernel (BENCHMARKS.md, third session, data/ch05_autotuner_diagnosis.json).
+ROUNDS = 3
 
+
+def _prepare(provider: Provider, shape) -> tuple[dict, Callable | None]:
+    """Draw inputs, compile (and autotune), check the output against float64 and measure peak extra
+    memory. Returns the row so far and the call to time, or None when the provider cannot run it."""
     row: dict = {"provider": provider.label, **asdict(shape)}
     args, row["seed"] = shape.draw()
     try:
@@ -414,25 +422,58 @@ def measure(provider: Provider, shape, *, warmup_ms: int = 25, rep_ms: int = 100
             row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
             row.update(shape.check(out, args))
             del out
-            ms = triton.testing.do_bench(call, warmup=warmup_ms, rep=rep_ms, return_mode="median")
     except torch.OutOfMemoryError:
         row["status"] = "oom"
-        return row
+        return row, None
     except UnsupportedShape as err:  # one of our kernels refuses the shape (e.g. chapter 4 stops at d = 128)
         row["status"] = "unsupported"
         row["error"] = str(err).splitlines()[0][:300]
-        return row
+        return row, None
     except RuntimeError as err:  # a pinned SDPA backend that refuses these inputs
         if "No available kernel" not in str(err) and "not supported" not in str(err).lower():
             raise
         row["status"] = "unsupported"
         row["error"] = str(err).splitlines()[0][:300]
-        return row
+        return row, None
     finally:
-        del args
         torch.cuda.empty_cache()
-    row.update(status="ok", ms=ms, **shape.rates(ms))
-    return row
+    return row, call
+
+
+def measure_shape(providers: list[Provider], shape, *, rounds: int = ROUNDS, rep_ms: int = 100) -> list[dict]:
+    """Check, measure memory and time every provider on one shape; never raises for OOM or refusal.
+    Each provider keeps its own fresh inputs until the shape is done."""
+    import triton.testing
+
+    prepared = [_prepare(provider, shape) for provider in providers]
+    runnable = [i for i, (_, call) in enumerate(prepared) if call is not None]
+    times: dict[int, list[float]] = {i: [] for i in runnable}
+    for r in range(rounds if runnable else 0):
+        turn = r % len(runnable)  # each round starts with the next provider
+        for i in runnable[turn:] + runnable[:turn]:
+            row, call = prepared[i]
+            if row.get("status") == "oom":
+                continue
+            try:
+                with providers[i].context():
+                    times[i].append(triton.testing.do_bench(call, warmup=25, rep=rep_ms, return_mode="median"))
+            except torch.OutOfMemoryError:
+                row["status"] = "oom"
+                torch.cuda.empty_cache()
+    rows = []
+    for i, (row, call) in enumerate(prepared):
+        if call is not None and row.get("status") != "oom":
+            ms = sorted(times[i])[len(times[i]) // 2]
+            row.update(status="ok", ms=ms, ms_rounds=times[i], **shape.rates(ms))
+        rows.append(row)
+    del prepared
+    torch.cuda.empty_cache()
+    return rows
+
+
+def measure(provider: Provider, shape, **options) -> dict:
+    """One provider on one shape (see measure_shape)."""
+    return measure_shape([provider], shape, **options)[0]
 
 
 def measure_ceilings() -> dict:
@@ -472,7 +513,9 @@ def provenance(suite_name: str, argv: list[str]) -> dict:
         "git_commit": _git_commit(),
         "command": " ".join(["python -m tutorial_kernels.bench", *argv]),
         "suite": suite_name,
-        "timing": "triton.testing.do_bench median (warmup 25 ms, rep 100 ms); fresh torch.randn inputs",
+        "timing": f"per shape, every provider timed in {ROUNDS} interleaved rounds (rotated order) of "
+        "triton.testing.do_bench (warmup 25 ms, rep 100 ms, median); ms is the median over rounds, ms_rounds "
+        "each round's; fresh torch.randn inputs",
         "peak_extra_memory": "torch.cuda.max_memory_allocated during one call minus memory allocated before it "
         "(inputs excluded, the output included)",
     }
@@ -553,9 +596,10 @@ def run_suite(
         kept = [r | {"run": r.get("run", len(runs) - 1)} for r in earlier["results"]
                 if (r["provider_key"], _shape_of(r, suite)) not in measuring]
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    for p, s in _progress(jobs, name):
-        result["results"].append(measure(PROVIDERS[p], s) | {"provider_key": p})
-        # rewritten after every row: a run cut short by a time limit still leaves what it measured
+    for s in _progress(shapes, name):
+        rows = measure_shape([PROVIDERS[p] for p in chosen], s)
+        result["results"] += [row | {"provider_key": p} for row, p in zip(rows, chosen)]
+        # rewritten after every shape: a run cut short by a time limit still leaves what it measured
         result["complete"] = len(result["results"]) == len(jobs) and earlier_complete
         out_path.write_text(json.dumps(result | {"results": kept + result["results"]}, indent=1) + "\n")
     return result | {"results": kept + result["results"]}
@@ -574,8 +618,9 @@ def measure_subset(name: str, keep: Callable[[object], bool]) -> dict:
     them in the same form as a data file (not written): what a notebook overlays on the recording."""
     suite = SUITES[name]
     rows = [
-        measure(PROVIDERS[key], shape) | {"provider_key": key}
-        for shape in suite.shapes if keep(shape) for key in suite.providers
+        row | {"provider_key": key}
+        for shape in suite.shapes if keep(shape)
+        for row, key in zip(measure_shape([PROVIDERS[key] for key in suite.providers], shape), suite.providers)
     ]
     return {"description": suite.description, "provenance": provenance(name, ["(subset, not written)"]), "results": rows}
 

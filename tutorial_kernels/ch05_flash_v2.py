@@ -43,7 +43,7 @@ def _attend_to_key_tiles(
     offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
     lo, hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-    USE_DESCRIPTORS: tl.constexpr, WARP_SPECIALIZE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
+    USE_DESCRIPTORS: tl.constexpr,
 ):
     """Fold key tiles [lo, hi) into the running (acc, l, m) of one query tile.
 
@@ -57,7 +57,7 @@ def _attend_to_key_tiles(
     """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < head_dim
-    for start_n in tl.range(lo, hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_DESCRIPTORS:
             # rows past this head's n_k belong to the next head (or are zero past the end): the
@@ -81,26 +81,13 @@ def _attend_to_key_tiles(
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
             p = tl.math.exp2(s - shift[:, None])
-        elif LAZY_RESCALE:
-            m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
-            if tl.max(m_new - m_i, axis=0) > 8.0:
-                alpha = tl.math.exp2(m_i - m_new)
-                acc = acc * alpha[:, None]
-                l_i = l_i * alpha
-                m_i = m_new
-            shift = m_i
-            p = tl.math.exp2(s * qk_scale - shift[:, None])
         else:
             m_new = tl.maximum(m_i, tl.max(s, axis=1) * qk_scale)
             shift = m_new
             p = tl.math.exp2(s * qk_scale - shift[:, None])  # scale and shift fuse into one FMA
 
-        if LAZY_RESCALE and not MASKED:
-            l_i = l_i + tl.sum(p, axis=1)
-            m_new = m_i
-        else:
-            alpha = tl.math.exp2(m_i - shift)  # 2^(m_old − m_new): rescales what was summed before
-            l_i = l_i * alpha + tl.sum(p, axis=1)  # l ← l·α + rowsum(P̃)
+        alpha = tl.math.exp2(m_i - shift)  # 2^(m_old − m_new): rescales what was summed before
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # l ← l·α + rowsum(P̃)
         if USE_DESCRIPTORS:
             v = v_src.load([kv_row0 + start_n, 0])
         elif MASKED or not EVEN_D:
@@ -108,8 +95,7 @@ def _attend_to_key_tiles(
             v = tl.load(v_ptrs, mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
         else:
             v = tl.load(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd)
-        if not (LAZY_RESCALE and not MASKED):
-            acc = acc * alpha[:, None]  # O ← diag(α) O
+        acc = acc * alpha[:, None]  # O ← diag(α) O
         acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
         m_i = m_new
     return acc, l_i, m_i
@@ -127,7 +113,6 @@ def _flash_v2_fwd_kernel(
     n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket, load_choice,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr, TRACE: tl.constexpr = False,
-    WARP_SPECIALIZE: tl.constexpr = False, LAZY_RESCALE: tl.constexpr = False,
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see.
     TRACE records the program's SM and start/end times into trace_ptr (chapter 1's timeline)."""
@@ -178,7 +163,6 @@ def _flash_v2_fwd_kernel(
         acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
         MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, USE_DESCRIPTORS=USE_DESCRIPTORS,
-        WARP_SPECIALIZE=WARP_SPECIALIZE, LAZY_RESCALE=LAZY_RESCALE,
     )
     # Stage 2: the tiles on the causal diagonal and the ragged end of the keys — masked.
     acc, l_i, m_i = _attend_to_key_tiles(

@@ -802,7 +802,8 @@ def training_curves(data: dict | None = None, window: int = 20) -> go.Figure:
 
 PROVIDER_COLOURS.update({"flash-v1-triton": "#17becf"})
 CH04_SCHEDULE_COLOURS = {"naive": PROVIDER_COLOURS["naive-triton"], "flash-v1": PROVIDER_COLOURS["flash-v1-triton"],
-                         "flash-v1 causal": "#0b6e79"}
+                         "flash-v1 causal": "#0b6e79", "flash-v2": PROVIDER_COLOURS["flash-v2-triton"],
+                         "flash-v2 causal": "#a64d00"}
 
 
 def _ch04_by_dim_and_causal(data: dict, live: dict | None, y_of, y_title: str, title: str, log_y: bool) -> go.Figure:
@@ -885,30 +886,33 @@ def hbm_totals(row: dict, source: str) -> float:
     return sum((k[f"{source}_read_bytes"] or 0) + (k[f"{source}_write_bytes"] or 0) for k in row["kernels"])
 
 
-def _hbm_caption(data: dict) -> str:
-    p = data["provenance"]
-    return (f"{p['gpu']} · Nsight Compute {p.get('ncu', '').replace('Version ', '').split(' ')[0]} · triton {p['triton']} · "
-            f"{p['date_utc'][:10]} · commit {p['git_commit'][:8]} · <i>{p['command']}</i>")
+def _hbm_caption(data: dict, series: tuple[str, ...] = ("by-n", "by-block")) -> str:
+    """Provenance of the run(s) that measured `series`: a file merged from several runs
+    (`--merge`) keeps each earlier run's provenance under 'earlier_runs'."""
+    runs = [run["provenance"] for run in data.get("earlier_runs", []) if set(series) & set(run["series"])]
+    claimed = {name for run in data.get("earlier_runs", []) for name in run["series"]}
+    if set(series) - claimed:
+        runs.append(data["provenance"])
+    return "<br>".join(
+        f"{p['gpu']} · Nsight Compute {p.get('ncu', '').replace('Version ', '').split(' ')[0]} · triton {p['triton']} · "
+        f"{p['date_utc'][:10]} · commit {p['git_commit'][:8]} · <i>{_strip_out(p['command'])}</i>" for p in runs)
 
 
-@figure("ch04-hbm-vs-n")
-def ch04_hbm_vs_n(data: dict | None = None) -> go.Figure:
-    """Measured DRAM bytes (solid), L2 requests (dotted) and the IO model (dashed) against N."""
-    data = data or load_data("ch04_hbm_bytes")
-    rows = [r for r in data["measurements"] if r["series"] == "by-n"]
+def _hbm_vs_n(data: dict, lines: list[tuple[str, str, bool, str]], title: str) -> go.Figure:
+    """Measured DRAM bytes (solid), L2 requests (dotted) and the IO model (dashed) against N, one
+    panel per head_dim; `lines` names (series, schedule, causal, label) of data/ch04_hbm_bytes.json."""
+    rows = [r for r in data["measurements"] if any(r["series"] == series for series, *_ in lines)]
     dims = sorted({r["head_dim"] for r in rows})
     fig = make_subplots(rows=1, cols=len(dims), shared_yaxes=True,
                         subplot_titles=[f"d = {d}, batch = 16384 / N, heads = {2048 // d}" for d in dims])
     for col, d in enumerate(dims, start=1):
-        for schedule, causal, name in (("naive", False, "naive, 3 kernels (ch. 2)"),
-                                       ("flash-v1", False, "FlashAttention-1"),
-                                       ("flash-v1", True, "FlashAttention-1, causal")):
-            picked = sorted((r for r in rows if r["schedule"] == schedule and r["causal"] == causal and r["head_dim"] == d),
-                            key=lambda r: r["n"])
+        for series, schedule, causal, name in lines:
+            picked = sorted((r for r in rows if r["series"] == series and r["schedule"] == schedule
+                             and r["causal"] == causal and r["head_dim"] == d), key=lambda r: r["n"])
             if not picked:
                 continue
             colour = CH04_SCHEDULE_COLOURS[schedule + (" causal" if causal else "")]
-            blocks = f" ({picked[0]['block_m']}×{picked[0]['block_n']} tiles)" if schedule == "flash-v1" else ""
+            blocks = f" ({picked[0]['block_m']}×{picked[0]['block_n']} tiles)" if "block_m" in picked[0] else ""
             for source, dash, symbol, label in (("dram", "solid", "circle", "measured DRAM"),
                                                 ("l2", "dot", "circle-open", "requested from L2"),
                                                 ("model", "dash", "x", "IO model")):
@@ -922,13 +926,34 @@ def ch04_hbm_vs_n(data: dict | None = None) -> go.Figure:
     fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
     fig.update_yaxes(type="log")
     fig.update_yaxes(title="GB read + written, all kernels of one forward", col=1)
+    series = tuple(dict.fromkeys(series for series, *_ in lines))
     fig.update_layout(
-        title=dict(text="HBM traffic of one forward, measured with Nsight Compute, against the IO model (fp16)"
-                        f"<br><sup>{_hbm_caption(data)}</sup>", font=dict(size=15)),
-        template="plotly_white", height=660, legend=dict(orientation="h", yanchor="top", y=-0.16),
-        margin=dict(t=110, b=260), hovermode="closest",
+        title=dict(text=f"{title}<br><sup>{_hbm_caption(data, series)}</sup>", font=dict(size=15)),
+        template="plotly_white", height=660 + 20 * len(lines), legend=dict(orientation="h", yanchor="top", y=-0.16),
+        margin=dict(t=110, b=260 + 20 * len(lines)), hovermode="closest",
     )
     return fig
+
+
+@figure("ch04-hbm-vs-n")
+def ch04_hbm_vs_n(data: dict | None = None) -> go.Figure:
+    """Naive attention and FlashAttention-1: measured bytes against the IO model."""
+    return _hbm_vs_n(data or load_data("ch04_hbm_bytes"),
+                     [("by-n", "naive", False, "naive, 3 kernels (ch. 2)"),
+                      ("by-n", "flash-v1", False, "FlashAttention-1"),
+                      ("by-n", "flash-v1", True, "FlashAttention-1, causal")],
+                     "HBM traffic of one forward, measured with Nsight Compute, against the IO model (fp16)")
+
+
+@figure("ch05-hbm-vs-n")
+def ch05_hbm_vs_n(data: dict | None = None) -> go.Figure:
+    """Naive attention, FlashAttention-1 and FlashAttention-2 (teaching tiles): measured and modelled bytes."""
+    return _hbm_vs_n(data or load_data("ch04_hbm_bytes"),
+                     [("by-n", "naive", False, "naive, 3 kernels (ch. 2)"),
+                      ("by-n", "flash-v1", False, "FlashAttention-1"),
+                      ("fa2-by-n", "flash-v2", False, "FlashAttention-2"),
+                      ("fa2-by-n", "flash-v2", True, "FlashAttention-2, causal")],
+                     "HBM traffic of one forward: naive, FlashAttention-1 and FlashAttention-2 (fp16, Nsight Compute)")
 
 
 @figure("ch04-hbm-vs-block")
@@ -1067,6 +1092,30 @@ def ch04_timeline(data: dict | None = None) -> go.Figure:
                         f"{m['block_m']}×{m['block_n']} tiles)<br><sup>{p['gpu']} · triton {p['triton']} · "
                         f"{p['date_utc'][:10]} · commit {p['git_commit'][:8]} · <i>{p['command'].split(' --out')[0]}</i></sup>",
                    font=dict(size=15)),
+        template="plotly_white", barmode="overlay", bargap=0, height=900, margin=dict(t=120),
+        legend=dict(orientation="h", yanchor="top", y=-0.06), hovermode="closest",
+    )
+    return fig
+
+
+@figure("ch05-timeline")
+def ch05_timeline(data: dict | None = None) -> go.Figure:
+    """Chapter 1's timeline at B·H = 8: FlashAttention-1's programs (one per head) against
+    FlashAttention-2's (one per query tile of each head), each on its own time axis."""
+    from tutorial_kernels.timeline import Timeline
+
+    data = data or load_data("ch05_timeline")
+    runs = [Timeline.from_dict(r) for r in data["timelines"]]
+    titles = [f"{run.label}: {run.n_programs} programs on {len(set(run.sm))} of {run.sm_count} SMs, "
+              f"{(max(run.end_ns) - min(run.start_ns)) / 1e3:,.0f} µs" for run in runs]
+    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.14)
+    for i, run in enumerate(runs, start=1):
+        timeline_figure(run, fig=fig, row=i, col=1, showlegend=i == 1)
+    m = data["timelines"][0]["meta"]
+    fig.update_layout(
+        title=dict(text=f"The same attention (B = {m['batch']}, H = {m['heads']}, N = {m['n']}, d = {m['head_dim']}, "
+                        f"{m['dtype']}) as FlashAttention-1 and FlashAttention-2 launch it"
+                        f"<br><sup>{_timeline_caption(data)}</sup>", font=dict(size=15)),
         template="plotly_white", barmode="overlay", bargap=0, height=900, margin=dict(t=120),
         legend=dict(orientation="h", yanchor="top", y=-0.06), hovermode="closest",
     )

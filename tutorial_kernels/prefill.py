@@ -15,7 +15,9 @@ is built once; the implementations are switched with `model.set_attn_implementat
 
 What is timed: `model(input_ids, attention_mask=ones, use_cache=False, logits_to_keep=1)` under
 `torch.inference_mode()`, bracketed by CUDA events, median of several repetitions after warm-up
-(the tuned kernel autotunes on its first call at each length, inside the warm-up). That is the
+(the tuned kernel autotunes on its first call at each length, inside the warm-up). The
+implementations take turns in a few rounds at each length, so that none is always the one timed
+first on a GPU rested by the others' warm-up. That is the
 prefill step of `generate`: it too computes the logits of the last position only, since only they
 pick the next token; the full (N × vocab) projection would add a matmul that has nothing to do
 with attention (a quarter of a gigabyte of logits per 1,000 tokens for Llama-3's vocabulary).
@@ -128,19 +130,23 @@ def _inputs(model, n: int, seed: int) -> dict:
     return kwargs
 
 
-def time_prefill(model, inputs: dict, *, warmup: int, seconds: float, min_reps: int = 3, max_reps: int = 20) -> dict:
-    """Median time of one forward over `inputs`, CUDA events around each repetition.
+ROUNDS = 3  # each length: the implementations take turns, in a rotated order (see bench.ROUNDS)
 
-    `warmup` untimed forwards first (compilation, autotuning, the caching allocator growing to this
-    length); then as many timed forwards as fit in about `seconds`, at least `min_reps`.
-    """
+
+def warm_up(model, inputs: dict, forwards: int) -> None:
+    """Untimed forwards: compilation, autotuning, the caching allocator growing to this length."""
     with torch.inference_mode():
-        for _ in range(warmup):
+        for _ in range(forwards):
             model(**inputs)
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        times: list[float] = []
-        reps = min_reps
+    torch.cuda.synchronize()
+
+
+def time_prefill(model, inputs: dict, *, seconds: float, min_reps: int = 2, max_reps: int = 10) -> list[float]:
+    """Times (ms) of consecutive forwards over `inputs`, CUDA events around each: as many as fit in
+    about `seconds`, at least `min_reps`. The model must be warmed up at this length."""
+    times: list[float] = []
+    reps = min_reps
+    with torch.inference_mode():
         while len(times) < reps:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -150,8 +156,55 @@ def time_prefill(model, inputs: dict, *, warmup: int, seconds: float, min_reps: 
             times.append(start.elapsed_time(end))
             if len(times) == 1:
                 reps = max(min_reps, min(max_reps, math.ceil(seconds * 1e3 / times[0])))
-    return {"ms": statistics.median(times), "ms_min": min(times), "reps": len(times),
-            "peak_gib": torch.cuda.max_memory_allocated() / 2**30}
+    return times
+
+
+def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, seconds: float) -> dict[str, dict]:
+    """Each implementation warmed up, then timed in ROUNDS rounds taking turns (each round starting
+    with the next one), about `seconds` per implementation in all. Returns impl → row fields:
+    status "ok" with ms (median over all repetitions), ms_min, reps, peak_gib; or "oom" / "error"."""
+    rows: dict[str, dict] = {}
+    times: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    for impl in impls:
+        model.set_attn_implementation(impl)
+        rows[impl] = _guarded(lambda: warm_up(model, inputs, warmup))
+        if rows[impl]["status"] == "ok":
+            times[impl] = []
+        _free()
+    ready = list(times)
+    for r in range(ROUNDS if ready else 0):
+        turn = r % len(ready)
+        for impl in ready[turn:] + ready[:turn]:
+            if rows[impl]["status"] != "ok":
+                continue
+            model.set_attn_implementation(impl)
+            torch.cuda.reset_peak_memory_stats()
+            got: list[float] = []
+            rows[impl] = _guarded(lambda: got.extend(time_prefill(model, inputs, seconds=seconds / ROUNDS)))
+            times[impl] += got
+            peaks[impl] = max(peaks.get(impl, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+            _free()
+    for impl in ready:
+        if rows[impl]["status"] == "ok":
+            rows[impl].update(ms=statistics.median(times[impl]), ms_min=min(times[impl]), reps=len(times[impl]),
+                              peak_gib=peaks[impl])
+    return rows
+
+
+def _guarded(step) -> dict:
+    """Run step(); out of memory and other failures become a status, not an exception."""
+    oom = False
+    try:
+        step()
+        return {"status": "ok"}
+    except torch.OutOfMemoryError:
+        oom = True  # reported below, once the exception (and the tensors its frames hold) is gone
+    except Exception as err:  # recorded, not fatal: the other points still get measured
+        traceback.print_exc()
+        return {"status": "error", "error": f"{type(err).__name__}: {str(err).splitlines()[0][:300]}"}
+    _free()
+    return {"status": "oom"} if oom else {"status": "error"}
 
 
 def last_logits(model, inputs: dict) -> torch.Tensor:
@@ -209,8 +262,9 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
     prov.update(
         command=" ".join(["python -m tutorial_kernels.prefill", *argv]),
         transformers=transformers.__version__,
-        timing="CUDA events around each forward, median of 3-20 repetitions (about "
-        f"{seconds:g} s per point) after 2 warm-up forwards (1 beyond 4096 tokens)",
+        timing=f"CUDA events around each forward; per length, every implementation warmed up (2 forwards, 1 "
+        f"beyond 4096 tokens), then timed in {ROUNDS} rounds taking turns in a rotated order (about "
+        f"{seconds:g} s per implementation in all, at least 2 forwards a round); ms is the median of all its forwards",
         peak_memory="torch.cuda.max_memory_allocated during the timed forwards, weights included",
     )
     result = {
@@ -266,29 +320,20 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
         ran_out: dict[str, int] = {}
         for n in lengths:
             inputs = _inputs(model, n, seed=n)
+            running = [impl for impl in impls if impl not in ran_out]
+            timed = time_implementations(model, inputs, running, warmup=2 if n <= 4096 else 1, seconds=seconds)
             for impl in impls:
                 row = {"model": key, "impl": impl, "provider": IMPLEMENTATIONS[impl], "n": n}
                 if impl in ran_out:
                     row.update(status="skipped", reason=f"out of memory at N={ran_out[impl]}")
                 else:
-                    model.set_attn_implementation(impl)
-                    oom = False
-                    try:
-                        timed = time_prefill(model, inputs, warmup=2 if n <= 4096 else 1, seconds=seconds)
-                        row.update(timed, status="ok")
-                    except torch.OutOfMemoryError:
-                        oom = True  # handled below, once the exception (and the tensors its frames hold) is gone
-                    except Exception as err:  # recorded, not fatal: the other points still get measured
-                        traceback.print_exc()
-                        row.update(status="error", error=f"{type(err).__name__}: {str(err).splitlines()[0][:300]}")
-                    if oom:
-                        row["status"] = "oom"
+                    row.update(timed[impl])
+                    if row["status"] == "oom":
                         ran_out[impl] = n
-                    _free()
                 result["results"].append(row)
-                save()
                 shown = f"{row['ms']:9.1f} ms" if row["status"] == "ok" else row["status"]
                 print(f"  {impl:13} N={n:6}: {shown}", file=sys.stderr, flush=True)
+            save()
             del inputs
         del model
         _free()
