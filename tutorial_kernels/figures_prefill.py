@@ -133,3 +133,26 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
     fig = _layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights")
     fig.update_layout(hovermode="closest", legend=dict(y=-0.24), margin=dict(t=140, b=130))
     return fig
+
+
+@figure("prefill-launch-cost")
+def prefill_launch_cost(data: dict | None = None) -> go.Figure:
+    """CPU cost per call and GPU time of one layer's attention, ours against torch SDPA
+    (data/launch_overhead.json): what a prefill pays per layer besides the kernel's own speed."""
+    data = data or load_data("launch_overhead")
+    rows = data["measurements"]
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    get = {(r["model"], r["impl"], "cpu_us" if "cpu_us" in r else "gpu_ms"): r.get("cpu_us", r.get("gpu_ms")) for r in rows}
+    cells = [[m for m in models for _ in impls], [i for _ in models for i in impls],
+             [f"{get[(m, i, 'cpu_us')]:.0f}" for m in models for i in impls],
+             [f"{get[(m, i, 'gpu_ms')] * 1e3:.0f}" for m in models for i in impls]]
+    fig = go.Figure(go.Table(
+        header=dict(values=["<b>attention shape of</b>", "<b>implementation</b>", "<b>CPU µs per call (N = 16)</b>",
+                            "<b>GPU µs per call (N = 2048)</b>"], align="left", fill_color="#e8eaf6"),
+        cells=dict(values=cells, align="left", height=26),
+    ))
+    fig.update_layout(height=330)
+    _layout(fig, data, "One layer's attention call, bfloat16, causal, batch 1: CPU cost and GPU time")
+    fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
+    return fig

@@ -744,6 +744,47 @@ def backward_tflops(data: dict | None = None) -> go.Figure:
     return _tflops_by_cell(data or load_data("ch06_bwd"), "Backward TFLOP/s vs N (B·N = 16384, H·d = 2048)")
 
 
+PROBE_VARIANTS = [  # (warp_specialize, lazy_rescale) → label and colour in the schedule probe
+    ((False, False), "plain (best forced configuration)", "#ff7f0e"),
+    ((True, False), "+ warp specialisation", "#17becf"),
+    ((False, True), "+ lazy rescale (threshold 8)", "#bcbd22"),
+    ((True, True), "+ both", "#7f7f7f"),
+]
+
+
+@figure("ch05-schedule-probe")
+def schedule_probe(data: dict | None = None) -> go.Figure:
+    """Two Hopper schedules tried on the forward kernel, each cell's best forced configuration per
+    variant against cuDNN and torch flash measured in the same run (data/ch05_schedule_probe.json)."""
+    data = data or load_data("ch05_schedule_probe")
+    rows = data["results"]
+    cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
+    names = [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+    fig = go.Figure()
+    for key in ("sdpa-cudnn", "sdpa-flash"):
+        picked = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["variant"] == key and r["status"] == "ok"}
+        fig.add_trace(go.Bar(x=names, y=[picked[c]["tflops"] if c in picked else None for c in cells],
+                             name=picked[cells[0]]["provider"], marker_color=PROVIDER_COLOURS[key],
+                             hovertemplate="%{x}: %{y:.0f} TFLOP/s<extra>%{fullData.name}</extra>"))
+    for (ws, lazy), label, colour in PROBE_VARIANTS:
+        best, configs = [], []
+        for cell in cells:
+            forced = [r for r in rows if r["variant"] == "forced" and r["status"] == "ok"
+                      and (r["head_dim"], r["causal"], r["n"]) == cell
+                      and r["warp_specialize"] == ws and r["lazy_rescale"] == lazy]
+            top = max(forced, key=lambda r: r["tflops"], default=None)
+            best.append(top["tflops"] if top else None)
+            configs.append(top["provider"] if top else "none compiled")
+        fig.add_trace(go.Bar(x=names, y=best, name=label, marker_color=colour, customdata=configs,
+                             hovertemplate="%{x}: %{y:.0f} TFLOP/s<br>%{customdata}<extra>" + label + "</extra>"))
+    fig.update_yaxes(title="TFLOP/s (float16, forward)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=600, margin=dict(b=170, t=150))
+    _layout(fig, data, "Warp specialisation and lazy rescaling, tried: each variant's best of up to 6 forced "
+                       "configurations<br>(each timed once, in turn, before the harness took turns between providers)")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
+    return fig
+
+
 def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
     """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
     chapter's targets cover, N ≥ BAR_MIN_N."""
