@@ -967,11 +967,12 @@ def _hbm_vs_n(data: dict, lines: list[tuple[str, str, bool, str]], title: str) -
     fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
     fig.update_yaxes(type="log")
     fig.update_yaxes(title="GB read + written, all kernels of one forward", col=1)
-    series = tuple(dict.fromkeys(series for series, *_ in lines))
+    caption = _hbm_caption(data, tuple(dict.fromkeys(series for series, *_ in lines)))
+    runs = caption.count("<br>") + 1  # one caption line per run that measured these series
     fig.update_layout(
-        title=dict(text=f"{title}<br><sup>{_hbm_caption(data, series)}</sup>", font=dict(size=15)),
+        title=dict(text=f"{title}<br><sup>{caption}</sup>", font=dict(size=15)),
         template="plotly_white", height=660 + 20 * len(lines), legend=dict(orientation="h", yanchor="top", y=-0.16),
-        margin=dict(t=110, b=260 + 20 * len(lines)), hovermode="closest",
+        margin=dict(t=90 + 20 * runs, b=260 + 20 * len(lines)), hovermode="closest",
     )
     return fig
 
@@ -1150,8 +1151,9 @@ def ch05_timeline(data: dict | None = None) -> go.Figure:
     titles = [f"{run.label}: {run.n_programs} programs on {len(set(run.sm))} of {run.sm_count} SMs, "
               f"{(max(run.end_ns) - min(run.start_ns)) / 1e3:,.0f} µs" for run in runs]
     fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.14)
-    for i, run in enumerate(runs, start=1):
-        timeline_figure(run, fig=fig, row=i, col=1, showlegend=i == 1)
+    most_waves = max(range(len(runs)), key=lambda i: max(runs[i].waves()))  # its legend names every wave
+    for i, run in enumerate(runs):
+        timeline_figure(run, fig=fig, row=i + 1, col=1, showlegend=i == most_waves)
     m = data["timelines"][0]["meta"]
     fig.update_layout(
         title=dict(text=f"The same attention (B = {m['batch']}, H = {m['heads']}, N = {m['n']}, d = {m['head_dim']}, "
