@@ -397,9 +397,16 @@ SUITES["ch04-sweep"] = Suite(
 # Each provider of a shape is timed in ROUNDS short rounds, interleaved with the others and in a
 # rotated order, and its time is the median over rounds. Timing each provider once, one after the
 # other, let the GPU's state set the order: the first measured after an idle gap (compiling,
-# autotuning) ran at higher clocks than one measured straight after seconds of load — up to 15 %
+# autotuning) ran at higher clocks than one measured straight after seconds of load — 11 to 20 %
 # apart for the same kernel (BENCHMARKS.md, third session, data/ch05_autotuner_diagnosis.json).
 ROUNDS = 3
+
+
+def take_turns(items: list, rounds: int = ROUNDS) -> Iterator:
+    """`items` `rounds` times over, each round starting with the next item: a, b, c, b, c, a, c, a, b."""
+    for r in range(rounds if items else 0):
+        turn = r % len(items)
+        yield from items[turn:] + items[:turn]
 
 
 def _prepare(provider: Provider, shape) -> tuple[dict, Callable | None]:
@@ -448,18 +455,16 @@ def measure_shape(providers: list[Provider], shape, *, rounds: int = ROUNDS, rep
     prepared = [_prepare(provider, shape) for provider in providers]
     runnable = [i for i, (_, call) in enumerate(prepared) if call is not None]
     times: dict[int, list[float]] = {i: [] for i in runnable}
-    for r in range(rounds if runnable else 0):
-        turn = r % len(runnable)  # each round starts with the next provider
-        for i in runnable[turn:] + runnable[:turn]:
-            row, call = prepared[i]
-            if row.get("status") == "oom":
-                continue
-            try:
-                with providers[i].context():
-                    times[i].append(triton.testing.do_bench(call, warmup=25, rep=rep_ms, return_mode="median"))
-            except torch.OutOfMemoryError:
-                row["status"] = "oom"
-                torch.cuda.empty_cache()
+    for i in take_turns(runnable, rounds):
+        row, call = prepared[i]
+        if row.get("status") == "oom":
+            continue
+        try:
+            with providers[i].context():
+                times[i].append(triton.testing.do_bench(call, warmup=25, rep=rep_ms, return_mode="median"))
+        except torch.OutOfMemoryError:
+            row["status"] = "oom"
+            torch.cuda.empty_cache()
     rows = []
     for i, (row, call) in enumerate(prepared):
         if call is not None and row.get("status") != "oom":

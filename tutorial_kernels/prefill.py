@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from tutorial_kernels.bench import DATA_DIR, provenance
+from tutorial_kernels.bench import DATA_DIR, ROUNDS, provenance, take_turns
 
 IMPLEMENTATIONS = {
     "eager": "eager PyTorch (transformers)",
@@ -130,9 +130,6 @@ def _inputs(model, n: int, seed: int) -> dict:
     return kwargs
 
 
-ROUNDS = 3  # each length: the implementations take turns, in a rotated order (see bench.ROUNDS)
-
-
 def warm_up(model, inputs: dict, forwards: int) -> None:
     """Untimed forwards: compilation, autotuning, the caching allocator growing to this length."""
     with torch.inference_mode():
@@ -173,18 +170,16 @@ def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, 
             times[impl] = []
         _free()
     ready = list(times)
-    for r in range(ROUNDS if ready else 0):
-        turn = r % len(ready)
-        for impl in ready[turn:] + ready[:turn]:
-            if rows[impl]["status"] != "ok":
-                continue
-            model.set_attn_implementation(impl)
-            torch.cuda.reset_peak_memory_stats()
-            got: list[float] = []
-            rows[impl] = _guarded(lambda: got.extend(time_prefill(model, inputs, seconds=seconds / ROUNDS)))
-            times[impl] += got
-            peaks[impl] = max(peaks.get(impl, 0.0), torch.cuda.max_memory_allocated() / 2**30)
-            _free()
+    for impl in take_turns(ready, ROUNDS):
+        if rows[impl]["status"] != "ok":
+            continue
+        model.set_attn_implementation(impl)
+        torch.cuda.reset_peak_memory_stats()
+        got: list[float] = []
+        rows[impl] = _guarded(lambda: got.extend(time_prefill(model, inputs, seconds=seconds / ROUNDS)))
+        times[impl] += got
+        peaks[impl] = max(peaks.get(impl, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+        _free()
     for impl in ready:
         if rows[impl]["status"] == "ok":
             rows[impl].update(ms=statistics.median(times[impl]), ms_min=min(times[impl]), reps=len(times[impl]),

@@ -10,7 +10,7 @@ import pytest
 
 import torch
 
-from tutorial_kernels.bench import DATA_DIR, PROVIDERS, SUITES, Shape, TrainingShape, measure_subset
+from tutorial_kernels.bench import DATA_DIR, PROVIDERS, SUITES, Shape, TrainingShape, measure_subset, take_turns
 from tutorial_kernels.testing import ON_GPU, grad_tolerance
 
 DATA_FILES = sorted(DATA_DIR.glob("*.json"))
@@ -39,6 +39,13 @@ def test_flop_convention():
     # the backward: five matmuls to the forward's two
     assert TrainingShape(2, 3, 128, 64, False, mode="bwd").flops == 2.5 * Shape(2, 3, 128, 64, False).flops
     assert TrainingShape(2, 3, 128, 64, True, mode="fwd+bwd").flops == 3.5 * Shape(2, 3, 128, 64, True).flops
+
+
+def test_providers_take_turns_so_none_is_always_timed_first():
+    order = list(take_turns(["a", "b", "c"], rounds=3))
+    assert order == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [order[i] for i in (0, 3, 6)] == ["a", "b", "c"]  # each round opens with a different one
+    assert list(take_turns([], rounds=3)) == []
 
 
 def test_every_suite_names_known_providers():
