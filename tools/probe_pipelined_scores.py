@@ -5,15 +5,22 @@
 A stand-alone variant of chapter 5's kernel (contiguous float16 inputs, N a multiple of the tiles):
 with PIPELINE the unmasked key loop computes the next tile's scores before the current tile's
 softmax, so that the asynchronous wgmma could overlap the exponentials; without it, chapter 5's own
-`_attend_to_key_tiles`. Both against cuDNN, every variant timed in three rotated rounds. The result
+`_attend_to_key_tiles`. Both against cuDNN through tutorial_kernels.bench.run_probe. The result
 (data/logs/2026-11-22_h100_pipelined_scores_probe.json, BENCHMARKS.md) was no gain, so the chapter's
 kernel does not do this.
 """
-import sys, json, itertools
+
+import itertools
+import sys
 from pathlib import Path
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
-import torch, triton, triton.language as tl
-from tutorial_kernels.ch05_flash_v2 import _attend_to_key_tiles, _launch, LOG2_E
+
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from tutorial_kernels.ch05_flash_v2 import LOG2_E, _attend_to_key_tiles  # noqa: E402
 
 
 @triton.jit
@@ -75,6 +82,8 @@ def _pipelined_kernel(q_ptr, k_ptr, v_ptr, o_ptr, n, qk_scale, stride_h, stride_
 
 
 def run(q, k, v, causal, bm, bn, warps, stages, pipeline):
+    """Contiguous (B, H, N, d) q, k, v with N a multiple of bm and bn (the probe's shapes only)."""
+    assert all(t.is_contiguous() for t in (q, k, v)) and q.shape == k.shape
     b, h, n, d = q.shape
     o = torch.empty_like(q)
     grid = (n // bm, b * h)
@@ -84,48 +93,15 @@ def run(q, k, v, causal, bm, bn, warps, stages, pipeline):
 
 
 def main():
-    import triton.testing
-    from tutorial_kernels.reference import reference_attention, relative_error
-    out = Path(sys.argv[1])
-    warm = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
-    triton.testing.do_bench(lambda: warm @ warm, warmup=1000, rep=10)
-    rows = []
-    for d, causal, n in itertools.product((64, 128), (False, True), (4096, 16384)):
-        b, h = 16384 // n, 2048 // d
-        q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.float16) for _ in range(3))
-        flops = 4 * b * h * n * n * d * (0.5 if causal else 1)
-        ref = reference_attention(q[:1, :1], k[:1, :1], v[:1, :1], causal)
-        fns = {}
-        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        def cudnn():
-            with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.CUDNN_ATTENTION):
-                return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-        fns["cudnn"] = cudnn
-        for (bm, bn, w, st), pipe in itertools.product([(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3)], (False, True)):
-            label = f"{bm}x{bn} w{w} s{st} pipe={int(pipe)}"
-            fn = lambda bm=bm, bn=bn, w=w, st=st, pipe=pipe: run(q, k, v, causal, bm, bn, w, st, pipe)
-            try:
-                o = fn(); torch.cuda.synchronize()
-                err = relative_error(o[:1, :1], ref)
-                if err > 3e-3:
-                    rows.append(dict(d=d, causal=causal, n=n, label=label, status="wrong", err=err)); continue
-                fns[label] = fn
-            except Exception as e:
-                rows.append(dict(d=d, causal=causal, n=n, label=label, status="failed", error=str(e).splitlines()[-1][:200]))
-        times = {k_: [] for k_ in fns}
-        keys = list(fns)
-        for r in range(3):
-            for key in keys[r % len(keys):] + keys[:r % len(keys)]:
-                times[key].append(triton.testing.do_bench(fns[key], return_mode="median"))
-        for key, ts in times.items():
-            ms = sorted(ts)[1]
-            rows.append(dict(d=d, causal=causal, n=n, label=key, status="ok", ms=ms, tflops=flops / ms / 1e9))
-        cud = [r for r in rows if r["d"] == d and r["causal"] == causal and r["n"] == n and r["label"] == "cudnn"][0]["tflops"]
-        for r in rows:
-            if r["d"] == d and r["causal"] == causal and r["n"] == n:
-                print(d, causal, n, r["label"], r["status"], round(r.get("tflops", 0)), round(r.get("tflops", 0) / cud, 3), r.get("error", ""), flush=True)
-        out.write_text(json.dumps(rows, indent=1))
+    from tutorial_kernels.bench import run_probe
+
+    tiles = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 128, 8, 2), (128, 64, 4, 3)]
+    candidates = {
+        f"{bm}x{bn} w{w} s{st} pipe={int(pipe)}":
+            lambda q, k, v, causal, bm=bm, bn=bn, w=w, st=st, pipe=pipe: run(q, k, v, causal, bm, bn, w, st, pipe)
+        for (bm, bn, w, st), pipe in itertools.product(tiles, (False, True))
+    }
+    run_probe(candidates, Path(sys.argv[1]), "python3 tools/probe_pipelined_scores.py")
 
 
 if __name__ == "__main__":

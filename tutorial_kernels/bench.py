@@ -409,9 +409,22 @@ def take_turns(items: list, rounds: int = ROUNDS) -> Iterator:
         yield from items[turn:] + items[:turn]
 
 
-def _prepare(provider: Provider, shape) -> tuple[dict, Callable | None]:
+def _refusal(err: Exception) -> str | None:
+    """'oom' or 'unsupported' for the failures a run records instead of raising; None for the others."""
+    if isinstance(err, torch.OutOfMemoryError):
+        return "oom"
+    if isinstance(err, UnsupportedShape):  # one of our kernels refuses the shape (e.g. chapter 4 stops at d = 128)
+        return "unsupported"
+    if isinstance(err, RuntimeError) and ("No available kernel" in str(err) or "not supported" in str(err).lower()):
+        return "unsupported"  # a pinned SDPA backend that refuses these inputs
+    return None
+
+
+def _prepare(provider: Provider, shape, probing: bool = False) -> tuple[dict, Callable | None]:
     """Draw inputs, compile (and autotune), check the output against float64 and measure peak extra
-    memory. Returns the row so far and the call to time, or None when the provider cannot run it."""
+    memory. Returns the row so far and the call to time, or None when the provider cannot run it.
+    `probing`: any other failure (a candidate configuration that does not compile) is recorded with
+    status "failed" instead of raised."""
     row: dict = {"provider": provider.label, **asdict(shape)}
     args, row["seed"] = shape.draw()
     try:
@@ -429,30 +442,28 @@ def _prepare(provider: Provider, shape) -> tuple[dict, Callable | None]:
             row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
             row.update(shape.check(out, args))
             del out
-    except torch.OutOfMemoryError:
-        row["status"] = "oom"
-        return row, None
-    except UnsupportedShape as err:  # one of our kernels refuses the shape (e.g. chapter 4 stops at d = 128)
-        row["status"] = "unsupported"
-        row["error"] = str(err).splitlines()[0][:300]
-        return row, None
-    except RuntimeError as err:  # a pinned SDPA backend that refuses these inputs
-        if "No available kernel" not in str(err) and "not supported" not in str(err).lower():
+    except Exception as err:
+        status = _refusal(err)
+        if status is None and not probing:
             raise
-        row["status"] = "unsupported"
-        row["error"] = str(err).splitlines()[0][:300]
+        lines = str(err).strip().splitlines() or [type(err).__name__]
+        row["status"] = status or "failed"
+        if status != "oom":  # a refusal says why on its first line; a compiler failure on its last
+            row["error"] = (lines[0] if status else lines[-1])[:300]
         return row, None
     finally:
         torch.cuda.empty_cache()
     return row, call
 
 
-def measure_shape(providers: list[Provider], shape, *, rounds: int = ROUNDS, rep_ms: int = 100) -> list[dict]:
-    """Check, measure memory and time every provider on one shape; never raises for OOM or refusal.
-    Each provider keeps its own fresh inputs until the shape is done."""
+def measure_shape(providers: list[Provider], shape, *, rounds: int = ROUNDS, rep_ms: int = 100,
+                  probing: bool = False) -> list[dict]:
+    """Check, measure memory and time every provider on one shape; never raises for OOM or refusal
+    (nor, with `probing`, for a provider that fails to compile: see _prepare). Each provider keeps its
+    own fresh inputs until the shape is done."""
     import triton.testing
 
-    prepared = [_prepare(provider, shape) for provider in providers]
+    prepared = [_prepare(provider, shape, probing) for provider in providers]
     runnable = [i for i, (_, call) in enumerate(prepared) if call is not None]
     times: dict[int, list[float]] = {i: [] for i in runnable}
     for i in take_turns(runnable, rounds):
@@ -608,6 +619,33 @@ def run_suite(
         result["complete"] = len(result["results"]) == len(jobs) and earlier_complete
         out_path.write_text(json.dumps(result | {"results": kept + result["results"]}, indent=1) + "\n")
     return result | {"results": kept + result["results"]}
+
+
+def run_probe(candidates: dict[str, Callable], out_path: Path, command: str,
+              head_dims=(64, 128), lengths=(4096, 16384), dtype: str = "float16") -> dict:
+    """Time candidate kernels (label → fn(q, k, v, causal)) against torch's cuDNN backend on the
+    FlashAttention-2 paper's shapes, with `measure_shape`'s checks and rotated rounds. A candidate that
+    does not compile is recorded as "failed", one whose output is off as "wrong", never timed as "ok".
+    For experiments outside the suites (tools/probe_*.py); writes `out_path` after every shape."""
+    from tutorial_kernels.testing import tolerance
+
+    providers = [PROVIDERS["sdpa-cudnn"], *(Provider(label, fn) for label, fn in candidates.items())]
+    result = {"description": "probe: candidate kernels against torch's cuDNN backend", "ceilings": measure_ceilings(),
+              "provenance": provenance("probe", []) | {"command": command}, "results": []}
+    for shape in _fa2_paper_shapes(head_dims, lengths, (dtype,)):
+        rows = measure_shape(providers, shape, probing=True)
+        for row in rows:
+            if row.get("status") == "ok" and row["rel_err_head0"] > tolerance(getattr(torch, dtype)):
+                row["status"] = "wrong"
+        result["results"] += rows
+        cudnn = rows[0].get("tflops")
+        for row in rows:
+            ratio = f"{row['tflops'] / cudnn:.3f}× cuDNN" if row.get("status") == "ok" and cudnn else row.get("error", "")
+            print(f"d={shape.head_dim} causal={shape.causal} N={shape.n} {row['provider']:32} {row['status']:6} "
+                  f"{row.get('tflops', 0):6.0f} TFLOP/s {ratio}", flush=True)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        out_path.write_text(json.dumps(result, indent=1) + "\n")
+    return result
 
 
 def _shape_of(row: dict, suite: Suite):

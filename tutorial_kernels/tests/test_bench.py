@@ -48,6 +48,18 @@ def test_providers_take_turns_so_none_is_always_timed_first():
     assert list(take_turns([], rounds=3)) == []
 
 
+def test_refusals_are_recorded_and_other_failures_raised():
+    from tutorial_kernels.bench import _refusal
+    from tutorial_kernels.validation import UnsupportedShape
+
+    assert _refusal(torch.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert _refusal(UnsupportedShape("head_dim must be between 16 and 128, got 256")) == "unsupported"
+    assert _refusal(RuntimeError("No available kernel. Aborting execution.")) == "unsupported"
+    # anything else is a bug in a kernel the suite runs: raised (recorded as "failed" only by probes)
+    assert _refusal(RuntimeError("PassManager::run failed")) is None
+    assert _refusal(ValueError("q must have 4 dimensions")) is None
+
+
 def test_every_suite_names_known_providers():
     for name, suite in SUITES.items():
         assert set(suite.providers) <= set(PROVIDERS), name
