@@ -1114,30 +1114,33 @@ def ch04_tiles(data: dict | None = None) -> go.Figure:
     return fig
 
 
-@figure("ch04-timeline")
-def ch04_timeline(data: dict | None = None) -> go.Figure:
-    """Chapter 1's timeline of FlashAttention-1 launches: which SM ran each (batch, head), and when."""
-    data = data or load_data("ch04_timeline")
-    runs = data["timelines"]
-    titles = []
-    for r in runs:
-        m = r["meta"]
-        titles.append(f"B·H = {m['grid']} programs (B = {m['batch']}, H = {m['heads']}): "
-                      f"{len(set(r['sm']))} of {r['sm_count']} SMs busy")
+def _stacked_timelines(data: dict, titles: list[str], heading: str) -> go.Figure:
+    """The runs of a timeline file one above the other, each on its own time axis; the legend comes
+    from the run with the most waves, so that it names every colour."""
+    from tutorial_kernels.timeline import Timeline
+
+    runs = [Timeline.from_dict(r) for r in data["timelines"]]
     fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.12)
-    for i, run in enumerate(runs, start=1):
-        timeline_figure(run, fig=fig, row=i, col=1, showlegend=i == 1)
-    m = runs[0]["meta"]
-    p = data["provenance"]
+    most_waves = max(range(len(runs)), key=lambda i: max(runs[i].waves()))
+    for i, run in enumerate(runs):
+        timeline_figure(run, fig=fig, row=i + 1, col=1, showlegend=i == most_waves)
     fig.update_layout(
-        title=dict(text=f"FlashAttention-1 programs on the SMs (N = {m['n']}, d = {m['head_dim']}, {m['dtype']}, "
-                        f"{m['block_m']}×{m['block_n']} tiles)<br><sup>{p['gpu']} · triton {p['triton']} · "
-                        f"{p['date_utc'][:10]} · commit {p['git_commit'][:8]} · <i>{p['command'].split(' --out')[0]}</i></sup>",
-                   font=dict(size=15)),
+        title=dict(text=f"{heading}<br><sup>{_timeline_caption(data)}</sup>", font=dict(size=15)),
         template="plotly_white", barmode="overlay", bargap=0, height=900, margin=dict(t=120),
         legend=dict(orientation="h", yanchor="top", y=-0.06), hovermode="closest",
     )
     return fig
+
+
+@figure("ch04-timeline")
+def ch04_timeline(data: dict | None = None) -> go.Figure:
+    """Chapter 1's timeline of FlashAttention-1 launches: which SM ran each (batch, head), and when."""
+    data = data or load_data("ch04_timeline")
+    titles = [f"B·H = {r['meta']['grid']} programs (B = {r['meta']['batch']}, H = {r['meta']['heads']}): "
+              f"{len(set(r['sm']))} of {r['sm_count']} SMs busy" for r in data["timelines"]]
+    m = data["timelines"][0]["meta"]
+    return _stacked_timelines(data, titles, f"FlashAttention-1 programs on the SMs (N = {m['n']}, d = {m['head_dim']}, "
+                                            f"{m['dtype']}, {m['block_m']}×{m['block_n']} tiles)")
 
 
 @figure("ch05-timeline")
@@ -1150,19 +1153,10 @@ def ch05_timeline(data: dict | None = None) -> go.Figure:
     runs = [Timeline.from_dict(r) for r in data["timelines"]]
     titles = [f"{run.label}: {run.n_programs} programs on {len(set(run.sm))} of {run.sm_count} SMs, "
               f"{(max(run.end_ns) - min(run.start_ns)) / 1e3:,.0f} µs" for run in runs]
-    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.14)
-    most_waves = max(range(len(runs)), key=lambda i: max(runs[i].waves()))  # its legend names every wave
-    for i, run in enumerate(runs):
-        timeline_figure(run, fig=fig, row=i + 1, col=1, showlegend=i == most_waves)
     m = data["timelines"][0]["meta"]
-    fig.update_layout(
-        title=dict(text=f"The same attention (B = {m['batch']}, H = {m['heads']}, N = {m['n']}, d = {m['head_dim']}, "
-                        f"{m['dtype']}) as FlashAttention-1 and FlashAttention-2 launch it"
-                        f"<br><sup>{_timeline_caption(data)}</sup>", font=dict(size=15)),
-        template="plotly_white", barmode="overlay", bargap=0, height=900, margin=dict(t=120),
-        legend=dict(orientation="h", yanchor="top", y=-0.06), hovermode="closest",
-    )
-    return fig
+    return _stacked_timelines(data, titles, f"The same attention (B = {m['batch']}, H = {m['heads']}, N = {m['n']}, "
+                                            f"d = {m['head_dim']}, {m['dtype']}) as FlashAttention-1 and "
+                                            "FlashAttention-2 launch it")
 
 
 @figure("ch04-loop-order")
