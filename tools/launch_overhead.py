@@ -1,11 +1,19 @@
-"""Per-call CPU cost and GPU time of chapter 5's tuned launcher against torch SDPA, at the attention
-shapes of the prefill study (batch 1, N = 2048, bfloat16, causal). One GPU run:
+"""One layer's attention call as a Hugging Face model makes it, ours against torch SDPA: CPU cost per
+call and GPU time, on the tensors the model itself hands over (batch 1, bfloat16, causal). One GPU run:
 
     python3 tools/launch_overhead.py --out data/launch_overhead.json
 
-cpu_us: wall time of 300 back-to-back calls with a tiny N (the GPU finishes each call before the CPU
-issues the next, so the loop measures the CPU's cost per call); gpu_ms: do_bench median at N = 2048.
-profile: the ten functions with the most cumulative time in cProfile over those calls (ours only).
+The query, key and value are captured from a one-layer model with each prefill model's published
+dimensions (`tutorial_kernels.prefill.MODELS`): the same layouts, strides and head counts as in the
+prefill study. Each implementation is then called exactly as the model calls it, through
+transformers' attention interface (`sdpa_attention_forward` for SDPA, `tutorial_flash_attention` for
+ours), output layout included.
+
+cpu_us: wall time of back-to-back calls at N = 16 (the GPU finishes each call before the CPU issues
+the next, so the loop measures the CPU's cost per call), median of rounds; for ours also the cost of
+the bare kernel launch (Triton's launcher with the tuned configuration, no validation, no autotuner
+lookup, no allocation), the floor our Python path could reach. gpu_ms: do_bench median at the longer
+lengths, the implementations taking turns in rounds. profile: cProfile's top functions for ours.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import cProfile
 import io
 import json
 import pstats
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,59 +31,132 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO_ROOT))
 
-SHAPES = {"phi-2": (32, 32, 80), "llama-3-8b": (32, 8, 128)}  # (query heads, key/value heads, head_dim)
+CPU_LENGTH = 16
+GPU_LENGTHS = (2048, 4096, 16384)
+CALLS = 300
+
+
+def capture_attention_inputs(model_key: str, n: int):
+    """(module, query, key, value, kwargs) of the first attention call of a one-layer model built
+    from `model_key`'s published config, for a prompt of n tokens."""
+    import torch
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from tutorial_kernels.hf_attention import tutorial_flash_mask
+    from tutorial_kernels.prefill import MODELS, build_model
+
+    captured = {}
+
+    def capture(module, query, key, value, attention_mask, **kwargs):
+        captured.update(module=module, query=query, key=key, value=value, mask=attention_mask, kwargs=kwargs)
+        return torch.empty_like(query).transpose(1, 2), None
+
+    AttentionInterface.register("capture_inputs", capture)
+    AttentionMaskInterface.register("capture_inputs", tutorial_flash_mask)
+    spec = MODELS[model_key]
+    spec = type(spec)(spec.label, spec.source, spec.config_class, {**spec.config, "num_hidden_layers": 1})
+    model = build_model(spec)
+    model.set_attn_implementation("capture_inputs")
+    ids = torch.randint(0, model.config.vocab_size, (1, n), device="cuda")
+    with torch.inference_mode():
+        model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
+    assert captured["mask"] is None, "a causal prompt without padding needs no mask"
+    return captured
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "launch_overhead.json")
+    parser.add_argument("--models", nargs="+", default=["phi-2", "llama-3-8b"])
     args = parser.parse_args()
     import torch
-    import torch.nn.functional as F
+    import triton
     import triton.testing
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     from tutorial_kernels import bench
-    from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_tuned
+    from tutorial_kernels import ch05_flash_v2 as ch05
+    from tutorial_kernels.hf_attention import tutorial_flash_attention
 
-    def sdpa(q, k, v, causal):
-        return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=k.shape[1] != q.shape[1])
-
+    impls = {"sdpa": sdpa_attention_forward, "tutorial_fa2": tutorial_flash_attention}
     rows = []
-    for model, (h, h_kv, d) in SHAPES.items():
-        for n in (16, 2048):
-            q = torch.randn(1, h, n, d, device="cuda", dtype=torch.bfloat16)
-            k, v = (torch.randn(1, h_kv, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            for label, fn in (("sdpa", sdpa), ("tutorial_fa2", flash_attn_v2_tuned)):
-                fn(q, k, v, True)
-                torch.cuda.synchronize()
-                row = {"model": model, "n": n, "impl": label}
-                if n == 16:
+    for model in args.models:
+        for n in (CPU_LENGTH, *GPU_LENGTHS):
+            c = capture_attention_inputs(model, n)
+            layout = {name: tuple(c[name].stride()) for name in ("query", "key", "value")}
+            calls = {label: (lambda fn=fn: fn(c["module"], c["query"], c["key"], c["value"], None, **c["kwargs"]))
+                     for label, fn in impls.items()}
+            out = {label: call()[0].float() for label, call in calls.items()}  # compiles, autotunes
+            err = ((out["tutorial_fa2"] - out["sdpa"]).norm() / out["sdpa"].norm()).item()
+            shape = dict(model=model, n=n, heads=c["query"].shape[1], kv_heads=c["key"].shape[1],
+                         head_dim=c["query"].shape[3], strides=layout, rel_err_vs_sdpa=err)
+            assert err < 2e-2, f"ours differs from sdpa by {err:.3g} at {shape}"
+            if n == CPU_LENGTH:
+                if model == args.models[0]:
+                    calls["tutorial_fa2, kernel launch only"] = bare_launch(ch05, c)
+                per_call = {label: [] for label in calls}
+                for label in bench.take_turns(list(calls)):
                     for _ in range(50):
-                        fn(q, k, v, True)
+                        calls[label]()
                     torch.cuda.synchronize()
                     t0 = time.perf_counter()
-                    for _ in range(300):
-                        fn(q, k, v, True)
+                    for _ in range(CALLS):
+                        calls[label]()
                     torch.cuda.synchronize()
-                    row["cpu_us"] = (time.perf_counter() - t0) / 300 * 1e6
+                    per_call[label].append((time.perf_counter() - t0) / CALLS * 1e6)
+                for label, us in per_call.items():
+                    row = {**shape, "impl": label, "cpu_us": statistics.median(us), "cpu_us_rounds": us}
                     if label == "tutorial_fa2":
-                        prof = cProfile.Profile()
-                        prof.enable()
-                        for _ in range(300):
-                            fn(q, k, v, True)
-                        prof.disable()
-                        torch.cuda.synchronize()
-                        text = io.StringIO()
-                        pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
-                        row["profile"] = text.getvalue().splitlines()[-24:]
-                else:
-                    row["gpu_ms"] = triton.testing.do_bench(lambda: fn(q, k, v, True), return_mode="median")
-                rows.append(row)
-                print(json.dumps(row, indent=1), flush=True)
+                        row["profile"] = profile(calls[label])
+                    rows.append(row)
+                    print(json.dumps({k: v for k, v in row.items() if k != "profile"}), flush=True)
+            else:
+                ms = {label: [] for label in calls}
+                for label in bench.take_turns(list(calls)):
+                    ms[label].append(triton.testing.do_bench(calls[label], warmup=25, rep=100, return_mode="median"))
+                for label, rounds in ms.items():
+                    rows.append({**shape, "impl": label, "gpu_ms": statistics.median(rounds), "ms_rounds": rounds})
+                    print(json.dumps(rows[-1]), flush=True)
+            del c, calls, out
+            torch.cuda.empty_cache()
     info = bench.provenance("launch-overhead", sys.argv[1:])
-    info["command"] = "python3 tools/launch_overhead.py"
+    info["command"] = "python3 tools/launch_overhead.py " + " ".join(sys.argv[1:])
+    info["timing"] = ("cpu_us: median over 3 rotated rounds of the mean over 300 back-to-back calls at N = 16; "
+                      "gpu_ms: median over 3 rotated rounds of triton.testing.do_bench (warmup 25 ms, rep 100 ms, median)")
     args.out.write_text(json.dumps({"description": __doc__.split("\n")[0], "provenance": info, "results": [],
                                     "measurements": rows}, indent=1) + "\n")
+
+
+def bare_launch(ch05, c):
+    """Ours without the Python around the kernel: the tuned configuration's compiled launch only."""
+    import torch
+    import triton
+
+    q, k, v = c["query"], c["key"], c["value"]
+    ch05.flash_attn_v2_tuned(q, k, v, True)  # tunes, if not done yet
+    config = next(cfg for key, cfg in ch05._flash_v2_fwd_tuned.cache.items()
+                  if key[:3] == (triton.next_power_of_2(q.shape[2]), q.shape[3], True))
+    b, h, n, d = q.shape
+    o = torch.empty((b, n, h, d), dtype=q.dtype, device=q.device).transpose(1, 2)
+    block_d, block_dt = ch05._head_dim_blocks(d)
+    args = (q, k, v, o, None, None, *q.stride(), *k.stride(), *v.stride(), *o.stride(), h, h // k.shape[1], n, n, d,
+            d ** -0.5 * ch05.LOG2_E, triton.next_power_of_2(n), ch05.POINTERS_ONLY)
+    fixed = dict(CAUSAL=True, BLOCK_D=block_d, EVEN_D=block_d <= d, SPLIT_D=block_dt > 0, BLOCK_DT=max(block_dt, 16),
+                 EVEN_DT=block_d + block_dt == d, WRITE_LSE=False)
+    grid = (triton.cdiv(n, config.kwargs["BLOCK_M"]), b * h)
+    return lambda: ch05._flash_v2_fwd_kernel[grid](*args, **fixed, **config.all_kwargs())
+
+
+def profile(call) -> list[str]:
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(CALLS):
+        call()
+    prof.disable()
+    text = io.StringIO()
+    pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
+    return text.getvalue().splitlines()[-24:]
 
 
 if __name__ == "__main__":

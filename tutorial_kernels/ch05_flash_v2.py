@@ -37,13 +37,29 @@ LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
 
 # --8<-- [start:inner_loop]
 @triton.jit
+def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.constexpr):
+    """One K or V tile through pointers, masked only along the axes that can run past the tensor (keys
+    past n_k with MASK_KEYS, columns past head_dim unless EVEN_COLS): an unmasked load compiles to
+    16-byte vector loads, a masked one may be split into narrower ones."""
+    if MASK_KEYS and not EVEN_COLS:
+        tile = tl.load(ptrs, mask=key_ok & col_ok, other=0.0)
+    elif MASK_KEYS:
+        tile = tl.load(ptrs, mask=key_ok, other=0.0)
+    elif not EVEN_COLS:
+        tile = tl.load(ptrs, mask=col_ok, other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
 def _attend_to_key_tiles(
-    acc, l_i, m_i, q,
+    acc, acc_tail, l_i, m_i, q, q_tail,
     k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
-    offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
+    offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale,
     lo, hi,
-    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, EVEN_D: tl.constexpr,
-    USE_DESCRIPTORS: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
+    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_DT: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
 ):
     """Fold key tiles [lo, hi) into the running (acc, l, m) of one query tile.
 
@@ -54,9 +70,14 @@ def _attend_to_key_tiles(
     k_src and v_src are this head's K and V: pointers to row 0 (teaching path), or, with
     USE_DESCRIPTORS, tensor descriptors over all rows of K and V viewed as (rows, head_dim) matrices,
     this head starting at row kv_row0 — each tile then arrives by one TMA copy on Hopper.
+
+    With SPLIT_D the head dimension is two blocks, columns offs_d and offs_dt (d = 80 as 64 + 16):
+    q_tail and acc_tail are the second block's query and output columns. Otherwise they are
+    placeholders that no instruction reads, and the compiler drops them.
     """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < head_dim
+    dt_ok = offs_dt < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_DESCRIPTORS:
@@ -64,14 +85,13 @@ def _attend_to_key_tiles(
             # masked stage gives them −∞ scores, so they add 0·V. Columns past head_dim load as 0.
             k_t = tl.trans(k_src.load([kv_row0 + start_n, 0]))
         else:
-            k_ptrs = k_src + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn
-            if MASKED:
-                k_t = tl.load(k_ptrs, mask=d_ok[:, None] & (cols[None, :] < n_k), other=0.0)
-            elif EVEN_D:
-                k_t = tl.load(k_ptrs)
-            else:
-                k_t = tl.load(k_ptrs, mask=d_ok[:, None], other=0.0)
+            k_t = _load_kv_tile(k_src + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn,
+                                cols[None, :] < n_k, d_ok[:, None], MASKED, EVEN_D)
         s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
+        if SPLIT_D:  # the head dimension's second block adds its share of every q·k
+            k_tail_t = _load_kv_tile(k_src + offs_dt[:, None] * stride_kd + cols[None, :] * stride_kn,
+                                     cols[None, :] < n_k, dt_ok[:, None], MASKED, EVEN_DT)
+            s = tl.dot(q_tail, k_tail_t, s)
 
         if MASKED:
             visible = cols[None, :] < n_k  # the ragged end of the keys
@@ -90,15 +110,17 @@ def _attend_to_key_tiles(
         l_i = l_i * alpha + tl.sum(p, axis=1)  # l ← l·α + rowsum(P̃)
         if USE_DESCRIPTORS:
             v = v_src.load([kv_row0 + start_n, 0])
-        elif MASKED or not EVEN_D:
-            v_ptrs = v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd
-            v = tl.load(v_ptrs, mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
         else:
-            v = tl.load(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd)
+            v = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                              cols[:, None] < n_k, d_ok[None, :], MASKED, EVEN_D)
         acc = acc * alpha[:, None]  # O ← diag(α) O
         acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
+        if SPLIT_D:
+            v_tail = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_dt[None, :] * stride_vd,
+                                   cols[:, None] < n_k, dt_ok[None, :], MASKED, EVEN_DT)
+            acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None])
         m_i = m_new
-    return acc, l_i, m_i
+    return acc, acc_tail, l_i, m_i
 # --8<-- [end:inner_loop]
 
 
@@ -112,10 +134,16 @@ def _flash_v2_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket, load_choice,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr, TRACE: tl.constexpr = False,
+    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr, EVEN_DT: tl.constexpr,
+    USE_DESCRIPTORS: tl.constexpr, WRITE_LSE: tl.constexpr, TRACE: tl.constexpr = False,
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see.
-    TRACE records the program's SM and start/end times into trace_ptr (chapter 1's timeline)."""
+
+    The head dimension is covered by columns [0, BLOCK_D), and, with SPLIT_D, a second block
+    [BLOCK_D, BLOCK_D + BLOCK_DT) (see `_head_dim_blocks`); EVEN_D / EVEN_DT say that a block ends
+    within head_dim, so its loads need no column mask. WRITE_LSE stores each row's log-sum-exp for
+    the backward pass. TRACE records the program's SM and start/end times into trace_ptr (chapter 1's
+    timeline)."""
     if TRACE:
         started = timeline.program_start()
     # Causal tiles near the end of the sequence see the most keys: launch them first so the long
@@ -128,10 +156,13 @@ def _flash_v2_fwd_kernel(
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
-    q = tl.load(
-        q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
-        mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim), other=0.0,
-    )  # loaded once, reused against every key tile
+    offs_dt = BLOCK_D + tl.arange(0, BLOCK_DT)  # the head dimension's second block (if SPLIT_D)
+    q_rows = q_ptr + batch * stride_qb + head * stride_qh + offs_m[:, None] * stride_qm
+    row_ok = offs_m[:, None] < n_q
+    q = tl.load(q_rows + offs_d[None, :] * stride_qd, mask=row_ok & (offs_d[None, :] < head_dim), other=0.0)
+    q_tail = tl.load(q_rows + offs_dt[None, :] * stride_qd, mask=row_ok & (offs_dt[None, :] < head_dim), other=0.0)
+    # q and q_tail are loaded once, reused against every key tile. Without SPLIT_D, q_tail's columns
+    # all lie past head_dim: an all-masked load no instruction reads, which the compiler drops.
     if USE_DESCRIPTORS:  # K and V contiguous: (B·H_kv·n_k, head_dim) matrices, this head from kv_row0
         # TMA coordinates are 32-bit: fine up to 2³¹ rows of K (B·H_kv·n_k)
         kv_rows = (n_heads // group_size) * n_k * (tl.num_programs(1) // n_heads)
@@ -140,6 +171,7 @@ def _flash_v2_fwd_kernel(
                                           block_shape=[BLOCK_N, BLOCK_D])
         v_src = tl.make_tensor_descriptor(v_ptr, shape=[kv_rows, head_dim], strides=[stride_vn, 1],
                                           block_shape=[BLOCK_N, BLOCK_D])
+        tl.static_assert(not SPLIT_D, "a descriptor loads one block of columns: launch with SPLIT_D=False")
     else:
         kv_row0 = 0
         k_src = k_ptr + batch * stride_kb + kv_head * stride_kh
@@ -148,6 +180,7 @@ def _flash_v2_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, in log₂ units
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running Σ 2^(s − m)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # running un-normalised output
+    acc_tail = tl.zeros([BLOCK_M, BLOCK_DT], tl.float32)  # the output's columns of the second block
 
     # Which key tiles this query tile sees. Query i sees keys j ≤ i + (n_k − n_q) when causal.
     if CAUSAL:
@@ -159,36 +192,52 @@ def _flash_v2_fwd_kernel(
         unmasked_end = n_k // BLOCK_N * BLOCK_N  # whole tiles
         masked_end = n_k  # the ragged last tile, if any
     # Stage 1: tiles every row sees in full — no mask.
-    acc, l_i, m_i = _attend_to_key_tiles(
-        acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
-        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, USE_DESCRIPTORS=USE_DESCRIPTORS,
+    acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
+        acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D, EVEN_DT=EVEN_DT,
+        USE_DESCRIPTORS=USE_DESCRIPTORS,
     )
     # Stage 2: the tiles on the causal diagonal and the ragged end of the keys — masked.
-    acc, l_i, m_i = _attend_to_key_tiles(
-        acc, l_i, m_i, q, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
-        offs_m, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
-        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, USE_DESCRIPTORS=USE_DESCRIPTORS,
+    acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
+        acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
+        offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
+        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D, EVEN_DT=EVEN_DT,
+        USE_DESCRIPTORS=USE_DESCRIPTORS,
     )
 
     # Epilogue: one division per row (FlashAttention-2 defers it to here), and the log-sum-exp.
     seen = l_i > 0.0  # False for a query that sees no key: output 0, lse −∞
-    out = acc / tl.where(seen, l_i, 1.0)[:, None]
-    tl.store(
-        o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
-        out.to(o_ptr.dtype.element_ty),
-        mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim),
-    )
-    # lse = ln Σ_j e^{S_ij} = (m + log₂ l) · ln 2, since m and the exponents are in log₂ units
-    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
-    tl.store(lse_ptr + pid_bh * n_q + offs_m, lse, mask=offs_m < n_q)
+    inv_l = 1.0 / tl.where(seen, l_i, 1.0)
+    o_rows = o_ptr + batch * stride_ob + head * stride_oh + offs_m[:, None] * stride_om
+    tl.store(o_rows + offs_d[None, :] * stride_od, (acc * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+             mask=(offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim))
+    if SPLIT_D:
+        tl.store(o_rows + offs_dt[None, :] * stride_od, (acc_tail * inv_l[:, None]).to(o_ptr.dtype.element_ty),
+                 mask=(offs_m[:, None] < n_q) & (offs_dt[None, :] < head_dim))
+    if WRITE_LSE:
+        # lse = ln Σ_j e^{S_ij} = (m + log₂ l) · ln 2, since m and the exponents are in log₂ units
+        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(lse_ptr + pid_bh * n_q + offs_m, lse, mask=offs_m < n_q)
     if TRACE:
         timeline.program_end(trace_ptr, started)
 # --8<-- [end:forward_kernel]
 
 
 def _block_d(head_dim: int) -> int:
+    """The head dimension as one block: tl.arange needs a power of two, tl.dot at least 16."""
     return max(16, triton.next_power_of_2(head_dim))
+
+
+def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
+    """(BLOCK_D, BLOCK_DT): the head dimension as one block (BLOCK_DT = 0), or as two power-of-two
+    blocks when they cover it with fewer columns. Every padded column costs as much tensor-core work
+    as a real one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on zeros,
+    as 64 + 16 none; 96 = 64 + 32, 160 = 128 + 32, 72 = 64 + 16 (8 padded columns instead of 56)."""
+    one = _block_d(head_dim)
+    first = max(16, 1 << (head_dim.bit_length() - 1))  # the largest power of two ≤ head_dim
+    second = max(16, triton.next_power_of_2(head_dim - first)) if head_dim > first else 0
+    return (first, second) if 0 < second and first + second < one else (one, 0)
 
 
 def _teaching_config(head_dim: int) -> dict:
@@ -255,10 +304,15 @@ def _descriptors_apply(k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | None = None,
-            config: triton.Config | None = None, trace: torch.Tensor | None = None):
+            config: triton.Config | None = None, trace: torch.Tensor | None = None, with_lse: bool = False):
+    """(O, lse if with_lse else None). `out`, if given, may be any permutation of a contiguous layout:
+    the kernel writes through its strides (a model's (B, N, H, d) buffer viewed as (B, H, N, d))."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
-    o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(out, "out", tuple(q.shape), q)
-    lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device)
+    if out is None:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    else:
+        o = check_out(out, "out", tuple(q.shape), q, any_dense_layout=True)
+    lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device) if with_lse else None
     if config is not None:
         descriptors = config.kwargs["USE_DESCRIPTORS"]
     if descriptors is not None and not isinstance(descriptors, bool):
@@ -268,10 +322,14 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     if descriptors and not _descriptors_apply(k, v):
         raise ValueError("descriptors=True needs contiguous float16 or bfloat16 k and v with 16-byte aligned "
                          f"rows; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
+    block_d, block_dt = _head_dim_blocks(shape.head_dim)
     if descriptors is None:  # the tuned launcher lets the autotuner choose where TMA may be used
-        choice = EITHER if tuned and k.is_cuda and _descriptors_apply(k, v) else POINTERS_ONLY
+        # (not for a head dimension in two blocks: one descriptor loads one block of columns)
+        choice = EITHER if tuned and k.is_cuda and not block_dt and _descriptors_apply(k, v) else POINTERS_ONLY
     else:
         choice = DESCRIPTORS_ONLY if descriptors else POINTERS_ONLY
+    if choice == DESCRIPTORS_ONLY:
+        block_d, block_dt = _block_d(shape.head_dim), 0
     if choice != POINTERS_ONLY and k.is_cuda:
         triton.set_allocator(_descriptor_scratch)  # process-wide; it only hands out scratch bytes
     args = (
@@ -282,9 +340,12 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
         triton.next_power_of_2(max(shape.n_q, shape.n_k)),  # only the autotuner reads it
         choice,  # likewise
     )
-    block_d = _block_d(shape.head_dim)
-    # EVEN_D: head_dim is a power of two ≥ 16, so full-tile loads need no mask along d
-    fixed = dict(CAUSAL=causal, BLOCK_D=block_d, EVEN_D=block_d == shape.head_dim, TRACE=trace is not None)
+    fixed = dict(
+        CAUSAL=causal, BLOCK_D=block_d,
+        EVEN_D=block_d <= shape.head_dim,  # the first block has no column past head_dim: no mask along d
+        SPLIT_D=block_dt > 0, BLOCK_DT=max(block_dt, 16),  # 16: the placeholder's width when not split
+        EVEN_DT=block_d + block_dt == shape.head_dim, WRITE_LSE=with_lse, TRACE=trace is not None,
+    )
     if tuned and trace is not None:
         raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
     if tuned:
@@ -303,12 +364,12 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
 
 
 def autotuner_choice(kernel, q: torch.Tensor, k: torch.Tensor, causal: bool) -> dict | None:
-    """The configuration `kernel` (a triton.autotune wrapper keyed by length bucket, head_dim, causal
-    and BLOCK_D first) settled on for inputs like q, k, for reports. Its cache key is the `key`
+    """The configuration `kernel` (a triton.autotune wrapper keyed by length bucket, head_dim and
+    causal first) settled on for inputs like q, k, for reports. Its cache key is the `key`
     arguments in order, then the dtypes of the tensor arguments, q's first."""
-    prefix = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal, _block_d(q.shape[3]))
+    prefix = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal)
     for key, config in kernel.cache.items():
-        if key[:4] == prefix and key[len(kernel.keys)] == str(q.dtype):
+        if key[:3] == prefix and key[len(kernel.keys)] == str(q.dtype):
             return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
     return None
 
@@ -326,6 +387,8 @@ def flash_attn_v2(
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H (grouped-query attention);
     16 ≤ d ≤ 256; any strides; float16, bfloat16 or float32. Causal masks are bottom-right aligned.
+    out: an optional (B, H, n_q, d) buffer to write into, contiguous or a permuted view of a contiguous
+    tensor (e.g. (B, n_q, H, d) memory transposed, the layout a model's output projection reads).
     """
     return _launch(q, k, v, causal, sm_scale, out, tuned=False)[0]
 
@@ -347,7 +410,7 @@ def flash_attn_v2_with_lse(
     *, tuned: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse): the output and each row's log Σ_j e^{S_ij} (float32, (B, H, n_q); −∞ where a query sees no key)."""
-    return _launch(q, k, v, causal, sm_scale, None, tuned=tuned)
+    return _launch(q, k, v, causal, sm_scale, None, tuned=tuned, with_lse=True)
 
 
 # --- chapter 1's timeline, for FlashAttention-1 against FlashAttention-2 -----------------------------

@@ -97,13 +97,16 @@ def tutorial_flash_attention(
         from tutorial_kernels.ch06_backward import flash_attention  # forward + backward kernels
 
         out = flash_attention(query, key, value, causal, scaling, tuned=query.is_cuda)
-    elif query.is_cuda:
-        out = flash_attn_v2_tuned(query, key, value, causal, scaling)  # autotuned per length bucket
+        return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d), the layout o_proj reads: one copy
+    # At inference the kernel writes straight into a (B, n_q, H, d) buffer, through a (B, H, n_q, d)
+    # view of it: no transposing copy afterwards.
+    batch, heads, _, head_dim = query.shape
+    out = torch.empty((batch, n_q, heads, head_dim), dtype=query.dtype, device=query.device)
+    if query.is_cuda:
+        flash_attn_v2_tuned(query, key, value, causal, scaling, out=out.transpose(1, 2))  # autotuned per length bucket
     else:
-        out = flash_attn_v2(query, key, value, causal, scaling)  # the interpreter: one small config
-    # (B, H, n_q, d) -> (B, n_q, H, d), the layout the model's output projection reads; the same
-    # one copy that transformers' SDPA path makes
-    return out.transpose(1, 2).contiguous(), None
+        flash_attn_v2(query, key, value, causal, scaling, out=out.transpose(1, 2))  # the interpreter: one small config
+    return out, None
 # --8<-- [end:attention_forward]
 
 

@@ -149,8 +149,12 @@ def check_triton_tensor(t: torch.Tensor, name: str) -> None:
         )
 
 
-def check_out(out: object, name: str, shape: tuple[int, ...], like: torch.Tensor) -> torch.Tensor:
-    """Validate a caller-supplied output buffer: right type, shape, dtype and device, and contiguous."""
+def check_out(
+    out: object, name: str, shape: tuple[int, ...], like: torch.Tensor, *, any_dense_layout: bool = False,
+) -> torch.Tensor:
+    """Validate a caller-supplied output buffer: right type, shape, dtype and device, and contiguous, or
+    with `any_dense_layout` (for kernels that write through the buffer's strides) any permutation of a
+    contiguous layout: every element at its own address, so no two programs write to the same one."""
     if not isinstance(out, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor or None, got {type(out).__name__}")
     if tuple(out.shape) != tuple(shape):
@@ -159,6 +163,21 @@ def check_out(out: object, name: str, shape: tuple[int, ...], like: torch.Tensor
         raise TypeError(f"{name}.dtype must be {like.dtype}, got {out.dtype}")
     if out.device != like.device:
         raise ValueError(f"{name} must be on {like.device}, got {out.device}")
-    if not out.is_contiguous():
+    if any_dense_layout:
+        if not _is_dense(out):
+            raise ValueError(f"{name} must be contiguous or a permuted view of a contiguous tensor (every element "
+                             f"at its own address, no gaps), got shape {tuple(out.shape)} with strides {out.stride()}")
+    elif not out.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {out.stride()}")
     return out
+
+
+def _is_dense(t: torch.Tensor) -> bool:
+    """Whether t's elements fill one block of memory with no gaps and no overlaps, in some order of
+    its dimensions: the strides, smallest first, are 1 and each the product of the sizes before."""
+    expected = 1
+    for stride, size in sorted((st, n) for st, n in zip(t.stride(), t.shape) if n > 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True

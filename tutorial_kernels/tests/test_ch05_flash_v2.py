@@ -7,6 +7,7 @@ import torch
 
 from tutorial_kernels.ch05_flash_v2 import (
     _flash_v2_fwd_tuned,
+    _head_dim_blocks,
     _launch,
     flash_attn_v2,
     flash_attn_v2_tuned,
@@ -25,7 +26,8 @@ from tutorial_kernels.testing import (
 )
 
 LAUNCHERS = [flash_attn_v2, flash_attn_v2_tuned]
-CASES = attention_cases(head_dims=(16, 32, 64, 80, 96, 128, 256))
+# 48, 72, 80, 96 and 160 run as two column blocks (_head_dim_blocks); 72's second block is ragged
+CASES = attention_cases(head_dims=(16, 32, 48, 64, 72, 80, 96, 128, 160, 256))
 # The tuned launcher runs the same kernel body; on a GPU every new (length bucket, d, dtype) costs an
 # autotuning pass, so it is checked on fewer shapes there; `test_every_tuning_config` checks each
 # configuration the autotuner may pick, without timing them.
@@ -68,10 +70,40 @@ def test_hugging_face_layout_and_scale(causal):
     assert_close(out, reference_attention(x.q, x.k, x.v, causal, 0.17), torch.float16, seed=x.seed)
 
 
+@pytest.mark.parametrize("head_dim,blocks", [(16, (16, 0)), (24, (32, 0)), (48, (32, 16)), (64, (64, 0)),
+                                             (72, (64, 16)), (80, (64, 16)), (96, (64, 32)), (112, (128, 0)),
+                                             (160, (128, 32)), (200, (256, 0)), (256, (256, 0))])
+def test_head_dim_blocks_cover_it_with_the_fewest_columns(head_dim, blocks):
+    assert _head_dim_blocks(head_dim) == blocks
+
+
+@pytest.mark.parametrize("head_dim", [64, 80], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("fn", LAUNCHERS, ids=lambda f: f.__name__)
+def test_writes_into_a_transposed_output_buffer(fn, head_dim):
+    # a model's (B, N, H, d) buffer viewed as (B, H, N, d): every element written, none elsewhere
+    x = random_qkv(2, 3, 45, 45, head_dim, torch.float16, layout="bnhd")
+    buffer = torch.full((2, 45, 3, head_dim), float("nan"), dtype=torch.float16, device=x.q.device)
+    returned = fn(x.q, x.k, x.v, True, out=buffer.transpose(1, 2))
+    assert returned.data_ptr() == buffer.data_ptr()
+    assert_close(buffer.transpose(1, 2), reference_attention(x.q, x.k, x.v, True), torch.float16, seed=x.seed)
+
+
+def test_output_buffer_must_not_overlap_or_leave_gaps():
+    x = random_qkv(1, 2, 8, 8, 16, torch.float32)
+    overlapping = torch.empty(1, 1, 8, 16, device=x.q.device).expand(1, 2, 8, 16)
+    with pytest.raises(ValueError, match=r"out must be contiguous or a permuted view of a contiguous tensor .* "
+                                         r"got shape \(1, 2, 8, 16\) with strides \(128, 0, 16, 1\)"):
+        flash_attn_v2(x.q, x.k, x.v, out=overlapping)
+    gapped = torch.empty(1, 2, 8, 32, device=x.q.device)[..., :16]
+    with pytest.raises(ValueError, match=r"out must be contiguous or a permuted view"):
+        flash_attn_v2(x.q, x.k, x.v, out=gapped)
+
+
+@pytest.mark.parametrize("head_dim", [32, 80], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("n_q,n_k", [(1, 1), (17, 100), (100, 17), (64, 64), (129, 65)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_log_sum_exp(n_q, n_k, causal):
-    x = random_qkv(1, 3, n_q, n_k, 32, torch.float32)
+def test_log_sum_exp(n_q, n_k, causal, head_dim):
+    x = random_qkv(1, 3, n_q, n_k, head_dim, torch.float32)
     out, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, causal)
     ref_lse = reference_log_sum_exp(reference_scores(x.q, x.k, causal))
     assert lse.dtype == torch.float32 and lse.shape == (1, 3, n_q)
@@ -108,11 +140,12 @@ def test_long_sequences_on_gpu(causal, dtype):
         check_attention(flash_attn_v2_tuned, case, causal, dtype)
 
 
+@pytest.mark.parametrize("head_dim", [64, 80], ids=lambda d: f"d{d}")  # 80: one padded block with descriptors
 @pytest.mark.parametrize("descriptors", [False, True], ids=["pointers", "descriptors"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_tuned_with_and_without_descriptors(descriptors, causal):
+def test_tuned_with_and_without_descriptors(descriptors, causal, head_dim):
     # ragged n_k: descriptor tiles run past this head's keys into the next head's, which must not count
-    x = random_qkv(2, 4, 50, 77, 64, torch.float16)
+    x = random_qkv(2, 4, 50, 77, head_dim, torch.float16)
     out = flash_attn_v2_tuned(x.q, x.k, x.v, causal, descriptors=descriptors)
     assert_close(out, reference_attention(x.q, x.k, x.v, causal), torch.float16, seed=x.seed)
 
@@ -147,7 +180,8 @@ TUNING_CONFIGS = _flash_v2_fwd_tuned.configs
 
 
 @pytest.mark.skipif(not ON_GPU, reason="the interpreter has one tuning config, the teaching one's tiles")
-@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (80, torch.bfloat16), (256, torch.float16)], ids=str)
+@pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (72, torch.float16), (80, torch.bfloat16),
+                                            (256, torch.float16)], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("config", TUNING_CONFIGS, ids=lambda c: "-".join(f"{k}{v}" for k, v in c.all_kwargs().items()))
 def test_every_tuning_config(config, causal, head_dim, dtype):
