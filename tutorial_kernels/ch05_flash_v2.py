@@ -59,7 +59,7 @@ def _attend_to_key_tiles(
     offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale,
     lo, hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, EVEN_DT: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
+    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
 ):
     """Fold key tiles [lo, hi) into the running (acc, l, m) of one query tile.
 
@@ -71,13 +71,12 @@ def _attend_to_key_tiles(
     USE_DESCRIPTORS, tensor descriptors over all rows of K and V viewed as (rows, head_dim) matrices,
     this head starting at row kv_row0 — each tile then arrives by one TMA copy on Hopper.
 
-    With SPLIT_D the head dimension is two blocks, columns offs_d and offs_dt (d = 80 as 64 + 16):
-    q_tail and acc_tail are the second block's query and output columns. Otherwise they are
-    placeholders that no instruction reads, and the compiler drops them.
+    With SPLIT_D the head dimension is two blocks, columns offs_d and offs_dt (d = 80 as 64 + 16),
+    both within head_dim: q_tail and acc_tail are the second block's query and output columns.
+    Otherwise they are placeholders that no instruction reads, and the compiler drops them.
     """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < head_dim
-    dt_ok = offs_dt < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_DESCRIPTORS:
@@ -90,7 +89,7 @@ def _attend_to_key_tiles(
         s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
         if SPLIT_D:  # the head dimension's second block adds its share of every q·k
             k_tail_t = _load_kv_tile(k_src + offs_dt[:, None] * stride_kd + cols[None, :] * stride_kn,
-                                     cols[None, :] < n_k, dt_ok[:, None], MASKED, EVEN_DT)
+                                     cols[None, :] < n_k, None, MASKED, True)
             s = tl.dot(q_tail, k_tail_t, s)
 
         if MASKED:
@@ -117,7 +116,7 @@ def _attend_to_key_tiles(
         acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
         if SPLIT_D:
             v_tail = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_dt[None, :] * stride_vd,
-                                   cols[:, None] < n_k, dt_ok[None, :], MASKED, EVEN_DT)
+                                   cols[:, None] < n_k, None, MASKED, True)
             acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None])
         m_i = m_new
     return acc, acc_tail, l_i, m_i
@@ -134,14 +133,14 @@ def _flash_v2_fwd_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket, load_choice,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr, EVEN_DT: tl.constexpr,
+    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
     USE_DESCRIPTORS: tl.constexpr, WRITE_LSE: tl.constexpr, TRACE: tl.constexpr = False,
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see.
 
     The head dimension is covered by columns [0, BLOCK_D), and, with SPLIT_D, a second block
-    [BLOCK_D, BLOCK_D + BLOCK_DT) (see `_head_dim_blocks`); EVEN_D / EVEN_DT say that a block ends
-    within head_dim, so its loads need no column mask. WRITE_LSE stores each row's log-sum-exp for
+    [BLOCK_D, BLOCK_D + BLOCK_DT) that ends exactly at head_dim (see `_head_dim_blocks`). EVEN_D says
+    that the first block ends within head_dim, so its loads need no column mask. WRITE_LSE stores each row's log-sum-exp for
     the backward pass. TRACE records the program's SM and start/end times into trace_ptr (chapter 1's
     timeline)."""
     if TRACE:
@@ -195,14 +194,14 @@ def _flash_v2_fwd_kernel(
     acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
         acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
-        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D, EVEN_DT=EVEN_DT,
+        MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D,
         USE_DESCRIPTORS=USE_DESCRIPTORS,
     )
     # Stage 2: the tiles on the causal diagonal and the ragged end of the keys — masked.
     acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
         acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
-        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D, EVEN_DT=EVEN_DT,
+        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D,
         USE_DESCRIPTORS=USE_DESCRIPTORS,
     )
 
@@ -231,13 +230,16 @@ def _block_d(head_dim: int) -> int:
 
 def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_DT): the head dimension as one block (BLOCK_DT = 0), or as two power-of-two
-    blocks when they cover it with fewer columns. Every padded column costs as much tensor-core work
-    as a real one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on zeros,
-    as 64 + 16 none; 96 = 64 + 32, 160 = 128 + 32, 72 = 64 + 16 (8 padded columns instead of 56)."""
-    one = _block_d(head_dim)
+    blocks when it is exactly their sum. Every padded column costs as much tensor-core work as a real
+    one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on zeros, as 64 + 16
+    none; likewise 48 = 32 + 16, 96 = 64 + 32, 160 = 128 + 32. A second block that would itself need
+    padding (72 = 64 + 8 of 16) is not used: on the H100 with Triton 3.6 its masked loads gave wrong
+    results, though the interpreter's were right (BENCHMARKS.md); such sizes run as one padded block."""
     first = max(16, 1 << (head_dim.bit_length() - 1))  # the largest power of two ≤ head_dim
-    second = max(16, triton.next_power_of_2(head_dim - first)) if head_dim > first else 0
-    return (first, second) if 0 < second and first + second < one else (one, 0)
+    second = head_dim - first
+    if second >= 16 and second & (second - 1) == 0:  # a power of two of at least tl.dot's 16
+        return first, second
+    return _block_d(head_dim), 0
 
 
 def _teaching_config(head_dim: int) -> dict:
@@ -351,7 +353,7 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
         CAUSAL=causal, BLOCK_D=block_d,
         EVEN_D=block_d <= shape.head_dim,  # the first block has no column past head_dim: no mask along d
         SPLIT_D=block_dt > 0, BLOCK_DT=max(block_dt, 16),  # 16: the placeholder's width when not split
-        EVEN_DT=block_d + block_dt == shape.head_dim, WRITE_LSE=with_lse, TRACE=trace is not None,
+        WRITE_LSE=with_lse, TRACE=trace is not None,
     )
     if tuned and trace is not None:
         raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
