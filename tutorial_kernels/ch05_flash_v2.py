@@ -38,17 +38,15 @@ LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
 # --8<-- [start:inner_loop]
 @triton.jit
 def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.constexpr):
-    """One K or V tile through pointers, masked only along the axes that can run past the tensor (keys
-    past n_k with MASK_KEYS, columns past head_dim unless EVEN_COLS): an unmasked load compiles to
-    16-byte vector loads, a masked one may be split into narrower ones."""
-    if MASK_KEYS and not EVEN_COLS:
+    """One K or V tile through pointers. MASK_KEYS (the masked stage): keys past n_k and columns past
+    head_dim load as 0. Otherwise no key is out of range, and with EVEN_COLS no column either: the load
+    is unmasked and compiles to 16-byte vector loads."""
+    if MASK_KEYS:
         tile = tl.load(ptrs, mask=key_ok & col_ok, other=0.0)
-    elif MASK_KEYS:
-        tile = tl.load(ptrs, mask=key_ok, other=0.0)
-    elif not EVEN_COLS:
-        tile = tl.load(ptrs, mask=col_ok, other=0.0)
-    else:
+    elif EVEN_COLS:
         tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=col_ok, other=0.0)
     return tile
 
 
@@ -77,6 +75,7 @@ def _attend_to_key_tiles(
     """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < head_dim
+    dt_ok = offs_dt < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_DESCRIPTORS:
@@ -89,7 +88,7 @@ def _attend_to_key_tiles(
         s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
         if SPLIT_D:  # the head dimension's second block adds its share of every q·k
             k_tail_t = _load_kv_tile(k_src + offs_dt[:, None] * stride_kd + cols[None, :] * stride_kn,
-                                     cols[None, :] < n_k, None, MASKED, True)
+                                     cols[None, :] < n_k, dt_ok[:, None], MASKED, True)
             s = tl.dot(q_tail, k_tail_t, s)
 
         if MASKED:
@@ -116,7 +115,7 @@ def _attend_to_key_tiles(
         acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
         if SPLIT_D:
             v_tail = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_dt[None, :] * stride_vd,
-                                   cols[:, None] < n_k, None, MASKED, True)
+                                   cols[:, None] < n_k, dt_ok[None, :], MASKED, True)
             acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None])
         m_i = m_new
     return acc, acc_tail, l_i, m_i
@@ -230,14 +229,17 @@ def _block_d(head_dim: int) -> int:
 
 def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_DT): the head dimension as one block (BLOCK_DT = 0), or as two power-of-two
-    blocks when it is exactly their sum. Every padded column costs as much tensor-core work as a real
-    one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on zeros, as 64 + 16
-    none; likewise 48 = 32 + 16, 96 = 64 + 32, 160 = 128 + 32. A second block that would itself need
-    padding (72 = 64 + 8 of 16) is not used: on the H100 with Triton 3.6 its masked loads gave wrong
-    results, though the interpreter's were right (BENCHMARKS.md); such sizes run as one padded block."""
+    blocks when it is exactly their sum and below 128. Every padded column costs as much tensor-core
+    work as a real one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on
+    zeros, as 64 + 16 none; likewise 48 = 32 + 16 and 96 = 64 + 32.
+
+    Other sizes run as one padded block, because two blocks failed there on the H100 with Triton 3.6
+    (BENCHMARKS.md, fourth session), though the interpreter's results were right: a second block that
+    itself needs padding (72 = 64 + 8 of 16) gave wrong outputs, and 160 = 128 + 32 made an
+    out-of-range shared-memory access (compute-sanitizer) in one order of compilations."""
     first = max(16, 1 << (head_dim.bit_length() - 1))  # the largest power of two ≤ head_dim
     second = head_dim - first
-    if second >= 16 and second & (second - 1) == 0:  # a power of two of at least tl.dot's 16
+    if head_dim < 128 and second >= 16 and second & (second - 1) == 0:  # a power of two ≥ tl.dot's 16
         return first, second
     return _block_d(head_dim), 0
 
