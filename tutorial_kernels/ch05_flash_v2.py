@@ -38,15 +38,17 @@ LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
 # --8<-- [start:inner_loop]
 @triton.jit
 def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.constexpr):
-    """One K or V tile through pointers. MASK_KEYS (the masked stage): keys past n_k and columns past
-    head_dim load as 0. Otherwise no key is out of range, and with EVEN_COLS no column either: the load
-    is unmasked and compiles to 16-byte vector loads."""
-    if MASK_KEYS:
+    """One K or V tile through pointers, masked only along the axes that can run past the tensor: keys
+    past n_k in the masked stage (MASK_KEYS), columns past head_dim unless EVEN_COLS. An unmasked
+    load compiles to 16-byte vector loads, a masked one may be split into narrower ones."""
+    if MASK_KEYS and not EVEN_COLS:
         tile = tl.load(ptrs, mask=key_ok & col_ok, other=0.0)
-    elif EVEN_COLS:
-        tile = tl.load(ptrs)
-    else:
+    elif MASK_KEYS:
+        tile = tl.load(ptrs, mask=key_ok, other=0.0)
+    elif not EVEN_COLS:
         tile = tl.load(ptrs, mask=col_ok, other=0.0)
+    else:
+        tile = tl.load(ptrs)
     return tile
 
 
