@@ -1,8 +1,7 @@
 """Figures of the LLM prefill study (data/prefill.json, written by `python -m tutorial_kernels.prefill`).
 
 Registered in `tutorial_kernels.plots`' figure registry when plots.py imports this module; the page
-docs/llm-prefill.md places them with `<!-- figure: prefill-speedup -->` and
-`<!-- figure: prefill-latency -->`.
+docs/llm-prefill.md places them with `<!-- figure: NAME -->` markers.
 """
 
 from __future__ import annotations
@@ -135,24 +134,60 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
     return fig
 
 
+SDPA_BAR_MIN_N = 2048  # issue 8: from this length on, our prefill must be no slower than sdpa's
+
+
+@figure("prefill-vs-sdpa")
+def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
+    """Our prefill latency over sdpa's, per model and length, against issue 8's bar: at most 1.00 at
+    every length from SDPA_BAR_MIN_N on (below it, shown for reference)."""
+    data = data or load_data("prefill")
+    rows = _rows(data)
+    lengths = _lengths(data)
+    header = ["<b>model</b>", *[f"<b>N = {n}</b>" for n in lengths]]
+    cells, colours = [[m["label"] for m in data["models"].values()]], [["white"] * len(data["models"])]
+    for n in lengths:
+        column, fill = [], []
+        for key in data["models"]:
+            ours, sdpa = rows.get((key, "tutorial_fa2", n)), rows.get((key, "sdpa", n))
+            if not (ours and sdpa and ours["status"] == sdpa["status"] == "ok"):
+                column.append("—")
+                fill.append("white")
+                continue
+            ratio = ours["ms"] / sdpa["ms"]
+            judged = n >= SDPA_BAR_MIN_N
+            column.append(f"{ratio:.3f}" + ((" ✓" if ratio <= 1.0 else " ✗") if judged else ""))
+            fill.append(("#e5f5e0" if ratio <= 1.0 else "#fde0dd") if judged else "white")
+        cells.append(column)
+        colours.append(fill)
+    fig = go.Figure(go.Table(header=dict(values=header, align="left", fill_color="#e8eaf6"),
+                             cells=dict(values=cells, fill_color=colours, align="left", height=26)))
+    fig.update_layout(height=330)
+    _layout(fig, data, f"Prefill latency, ours / sdpa (median of each); bar: ≤ 1.00 from N = {SDPA_BAR_MIN_N}")
+    fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
+    return fig
+
+
 @figure("prefill-launch-cost")
 def prefill_launch_cost(data: dict | None = None) -> go.Figure:
-    """CPU cost per call and GPU time of one layer's attention, ours against torch SDPA
-    (data/launch_overhead.json): what a prefill pays per layer besides the kernel's own speed."""
+    """One layer's attention call as the model makes it, ours against torch SDPA: CPU cost per call
+    and GPU time (data/launch_overhead.json): what a prefill pays per layer besides the kernel's speed."""
     data = data or load_data("launch_overhead")
     rows = data["measurements"]
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    impls = list(dict.fromkeys(r["impl"] for r in rows))
-    get = {(r["model"], r["impl"], "cpu_us" if "cpu_us" in r else "gpu_ms"): r.get("cpu_us", r.get("gpu_ms")) for r in rows}
-    cells = [[m for m in models for _ in impls], [i for _ in models for i in impls],
-             [f"{get[(m, i, 'cpu_us')]:.0f}" for m in models for i in impls],
-             [f"{get[(m, i, 'gpu_ms')] * 1e3:.0f}" for m in models for i in impls]]
+    keys = list(dict.fromkeys((r["model"], r["impl"]) for r in rows))
+    lengths = sorted({r["n"] for r in rows if "gpu_ms" in r})
+    cpu = {(r["model"], r["impl"]): r["cpu_us"] for r in rows if "cpu_us" in r}
+    gpu = {(r["model"], r["impl"], r["n"]): r["gpu_ms"] for r in rows if "gpu_ms" in r}
+    shape = {r["model"]: f"{r['model']}: {r['heads']} / {r['kv_heads']} heads, d = {r['head_dim']}" for r in rows}
+    cells = [[shape[m] for m, _ in keys], [i for _, i in keys],
+             [f"{cpu[k]:.0f}" if k in cpu else "—" for k in keys],
+             *[[f"{gpu[(m, i, n)] * 1e3:.0f}" if (m, i, n) in gpu else "—" for m, i in keys] for n in lengths]]
     fig = go.Figure(go.Table(
         header=dict(values=["<b>attention shape of</b>", "<b>implementation</b>", "<b>CPU µs per call (N = 16)</b>",
-                            "<b>GPU µs per call (N = 2048)</b>"], align="left", fill_color="#e8eaf6"),
+                            *[f"<b>GPU µs, N = {n}</b>" for n in lengths]], align="left", fill_color="#e8eaf6"),
         cells=dict(values=cells, align="left", height=26),
     ))
-    fig.update_layout(height=330)
-    _layout(fig, data, "One layer's attention call, bfloat16, causal, batch 1: CPU cost and GPU time")
+    fig.update_layout(height=110 + 30 * len(keys) + 130)
+    _layout(fig, data, "One layer's attention call as the model makes it, bfloat16, causal, batch 1")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig

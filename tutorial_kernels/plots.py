@@ -785,6 +785,38 @@ def schedule_probe(data: dict | None = None) -> go.Figure:
     return fig
 
 
+SPLIT_PROBE_COLOURS = {  # provider label in data/ch05_head_dim_split.json → bar colour
+    "torch SDPA: cuDNN": PROVIDER_COLOURS["sdpa-cudnn"],
+    "tuned, two blocks when they save columns": "#ff7f0e",
+    "tuned, one padded block": "#c7c7c7",
+    "torch SDPA: flash": PROVIDER_COLOURS["sdpa-flash"],
+}
+
+
+@figure("ch05-head-dim-split")
+def head_dim_split(data: dict | None = None) -> go.Figure:
+    """Head dimensions 80 and 96 as two column blocks against one block padded to 128, with cuDNN and
+    torch flash in the same run; d = 128 (one block either way) as the control
+    (data/ch05_head_dim_split.json, tools/probe_head_dim_split.py)."""
+    data = data or load_data("ch05_head_dim_split")
+    rows = [r for r in data["results"] if r["status"] == "ok"]
+    cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
+    names = [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+    fig = go.Figure()
+    for label, colour in SPLIT_PROBE_COLOURS.items():
+        by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
+        cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
+        fig.add_trace(go.Bar(
+            x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
+            customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
+            hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
+    fig.update_yaxes(title="TFLOP/s (bfloat16, forward; useful FLOPs of d columns)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=560, margin=dict(b=150, t=150))
+    _layout(fig, data, "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
+    return fig
+
+
 def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
     """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
     chapter's targets cover, N ≥ BAR_MIN_N."""
