@@ -50,6 +50,11 @@ def _pipelined_kernel(q_ptr, k_ptr, v_ptr, o_ptr, n, qk_scale, stride_h, stride_
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, D], tl.float32)
+    # chapter 5's loop takes a second block of head-dimension columns; D is a power of two here, so
+    # these are the placeholders of an unsplit head dimension (SPLIT_D=False: nothing reads them)
+    offs_dt = D + tl.arange(0, 16)
+    q_tail = tl.zeros([BLOCK_M, 16], q.dtype)
+    acc_tail = tl.zeros([BLOCK_M, 16], tl.float32)
     if CAUSAL:
         unmasked_end = (pid_m * BLOCK_M + 1) // BLOCK_N * BLOCK_N
         masked_end = tl.minimum((pid_m + 1) * BLOCK_M, n)
@@ -69,14 +74,14 @@ def _pipelined_kernel(q_ptr, k_ptr, v_ptr, o_ptr, n, qk_scale, stride_h, stride_
             v = tl.load(v_src + (unmasked_end - BLOCK_N + offs_n)[:, None] * stride_n + offs_d[None, :])
             acc, l_i, m_i = _step(acc, l_i, m_i, s_next, v, qk_scale)
     else:
-        acc, l_i, m_i = _attend_to_key_tiles(
-            acc, l_i, m_i, q, k_src, v_src, 0, stride_n, 1, stride_n, 1,
-            offs_m, offs_d, n, n, D, qk_scale, 0, unmasked_end,
-            MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=True, USE_DESCRIPTORS=False)
-    acc, l_i, m_i = _attend_to_key_tiles(
-        acc, l_i, m_i, q, k_src, v_src, 0, stride_n, 1, stride_n, 1,
-        offs_m, offs_d, n, n, D, qk_scale, unmasked_end, masked_end,
-        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=True, USE_DESCRIPTORS=False)
+        acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
+            acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, 0, stride_n, 1, stride_n, 1,
+            offs_m, offs_d, offs_dt, n, n, D, qk_scale, 0, unmasked_end,
+            MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=True, SPLIT_D=False, USE_DESCRIPTORS=False)
+    acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
+        acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, 0, stride_n, 1, stride_n, 1,
+        offs_m, offs_d, offs_dt, n, n, D, qk_scale, unmasked_end, masked_end,
+        MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=True, SPLIT_D=False, USE_DESCRIPTORS=False)
     out = acc / l_i[:, None]
     tl.store(o_ptr + base + offs_m[:, None] * stride_n + offs_d[None, :], out.to(o_ptr.dtype.element_ty))
 

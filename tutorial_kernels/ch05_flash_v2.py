@@ -40,7 +40,9 @@ LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
 def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.constexpr):
     """One K or V tile through pointers, masked only along the axes that can run past the tensor: keys
     past n_k in the masked stage (MASK_KEYS), columns past head_dim unless EVEN_COLS. An unmasked
-    load compiles to 16-byte vector loads, a masked one may be split into narrower ones."""
+    load compiles to 16-byte vector loads, a masked one may be split into narrower ones. (Whole
+    columns must not be masked anyway in the masked stage: with Triton 3.6 that made ptxas crash at
+    head_dim 16 with one query, BENCHMARKS.md, fourth session.)"""
     if MASK_KEYS and not EVEN_COLS:
         tile = tl.load(ptrs, mask=key_ok & col_ok, other=0.0)
     elif MASK_KEYS:
@@ -77,7 +79,6 @@ def _attend_to_key_tiles(
     """
     offs_n = tl.arange(0, BLOCK_N)
     d_ok = offs_d < head_dim
-    dt_ok = offs_dt < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         cols = start_n + offs_n
         if USE_DESCRIPTORS:
@@ -90,7 +91,7 @@ def _attend_to_key_tiles(
         s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
         if SPLIT_D:  # the head dimension's second block adds its share of every q·k
             k_tail_t = _load_kv_tile(k_src + offs_dt[:, None] * stride_kd + cols[None, :] * stride_kn,
-                                     cols[None, :] < n_k, dt_ok[:, None], MASKED, True)
+                                     cols[None, :] < n_k, None, MASKED, True)
             s = tl.dot(q_tail, k_tail_t, s)
 
         if MASKED:
@@ -117,7 +118,7 @@ def _attend_to_key_tiles(
         acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
         if SPLIT_D:
             v_tail = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_dt[None, :] * stride_vd,
-                                   cols[:, None] < n_k, dt_ok[None, :], MASKED, True)
+                                   cols[:, None] < n_k, None, MASKED, True)
             acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None])
         m_i = m_new
     return acc, acc_tail, l_i, m_i
@@ -239,7 +240,7 @@ def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     (BENCHMARKS.md, fourth session), though the interpreter's results were right: a second block that
     itself needs padding (72 = 64 + 8 of 16) gave wrong outputs, and 160 = 128 + 32 made an
     out-of-range shared-memory access (compute-sanitizer) in one order of compilations."""
-    first = max(16, 1 << (head_dim.bit_length() - 1))  # the largest power of two ≤ head_dim
+    first = 1 << (head_dim.bit_length() - 1)  # the largest power of two ≤ head_dim (≥ 16: checked before)
     second = head_dim - first
     if head_dim < 128 and second >= 16 and second & (second - 1) == 0:  # a power of two ≥ tl.dot's 16
         return first, second
@@ -362,14 +363,17 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     if tuned and trace is not None:
         raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
     if tuned:
-        tuning_key = (length_bucket, shape.head_dim, causal, block_d, choice, q.dtype)  # as the autotuner's key
-        config = _tuned_choices.get(tuning_key)
-        if config is None:  # the first call with this key: the autotuner times its candidates, keeps one
+        # the autotuner's key: its `key` arguments, then the dtypes of the tensor arguments (q's for
+        # q, k, v and o, which must match; lse's float32 only when it is written)
+        tuning_key = (length_bucket, shape.head_dim, causal, block_d, choice, q.dtype, with_lse)
+        chosen = _tuned_choices.get(tuning_key)
+        if chosen is None:  # the first call with this key: the autotuner times its candidates, keeps one
             grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
             _flash_v2_fwd_tuned[grid](*args, **fixed)
             _tuned_choices[tuning_key] = _flash_v2_fwd_tuned.best_config
             return o, lse
-    if config is not None:  # the autotuner's choice, or a configuration named by the caller (tests)
+        launch = chosen.all_kwargs()
+    elif config is not None:  # a configuration named by the caller (tests, probes)
         launch = config.all_kwargs()
     else:  # the teaching configuration
         launch = _teaching_config(shape.head_dim) | dict(USE_DESCRIPTORS=choice == DESCRIPTORS_ONLY)

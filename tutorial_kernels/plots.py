@@ -802,10 +802,10 @@ def head_dim_split(data: dict | None = None) -> go.Figure:
     rows = [r for r in data["results"] if r["status"] == "ok"]
     cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
     names = [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
     fig = go.Figure()
     for label, colour in SPLIT_PROBE_COLOURS.items():
         by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
-        cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
         fig.add_trace(go.Bar(
             x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
             customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],

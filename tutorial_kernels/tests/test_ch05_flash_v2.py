@@ -1,6 +1,7 @@
 """Chapter 5: FlashAttention-2 forward — teaching and tuned launchers, every shape users bring."""
 
 import math
+from unittest import mock
 
 import pytest
 import torch
@@ -9,6 +10,7 @@ from tutorial_kernels.ch05_flash_v2 import (
     _flash_v2_fwd_tuned,
     _head_dim_blocks,
     _launch,
+    _tuned_choices,
     flash_attn_v2,
     flash_attn_v2_tuned,
     flash_attn_v2_with_lse,
@@ -75,7 +77,7 @@ def test_hugging_face_layout_and_scale(causal):
                                              (64, (64, 0)), (72, (128, 0)), (80, (64, 16)), (96, (64, 32)),
                                              (112, (128, 0)), (144, (256, 0)), (160, (256, 0)), (200, (256, 0)),
                                              (256, (256, 0))])
-def test_head_dim_blocks_cover_it_with_the_fewest_columns(head_dim, blocks):
+def test_head_dim_blocks(head_dim, blocks):
     assert _head_dim_blocks(head_dim) == blocks
 
 
@@ -88,6 +90,31 @@ def test_writes_into_a_transposed_output_buffer(fn, head_dim):
     returned = fn(x.q, x.k, x.v, True, out=buffer.transpose(1, 2))
     assert returned.data_ptr() == buffer.data_ptr()
     assert_close(buffer.transpose(1, 2), reference_attention(x.q, x.k, x.v, True), torch.float16, seed=x.seed)
+
+
+@pytest.mark.parametrize("with_lse", [False, True], ids=["no-lse", "lse"])
+def test_tuned_launcher_reuses_the_autotuners_choice(with_lse):
+    x = random_qkv(1, 2, 37, 37, 48, torch.float16)  # d = 48: two blocks
+    ref = reference_attention(x.q, x.k, x.v, True)
+    before = set(_tuned_choices)
+    first, _ = _launch(x.q, x.k, x.v, True, None, None, tuned=True, with_lse=with_lse)
+    new_keys = set(_tuned_choices) - before
+    assert len(new_keys) <= 1  # a key tuned by an earlier test is reused, not tuned again
+    key = next(k for k in _tuned_choices if k[:3] == (64, 48, True) and k[-1] == with_lse)
+    assert _tuned_choices[key] in _flash_v2_fwd_tuned.cache.values()  # the autotuner's own object
+    with mock.patch.object(_flash_v2_fwd_tuned, "run", side_effect=AssertionError("asked the autotuner again")):
+        second, lse = _launch(x.q, x.k, x.v, True, None, None, tuned=True, with_lse=with_lse)
+    assert (lse is not None) == with_lse
+    for out in (first, second):
+        assert_close(out, ref, torch.float16, seed=x.seed)
+
+
+def test_lse_only_when_asked():
+    x = random_qkv(1, 2, 9, 9, 32, torch.float32)
+    assert _launch(x.q, x.k, x.v, False, None, None, tuned=False)[1] is None
+    out, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, False, tuned=True)
+    assert lse.shape == (1, 2, 9) and torch.isfinite(lse).all()
+    assert_close(lse.double(), reference_log_sum_exp(reference_scores(x.q, x.k, False)), torch.float32, seed=x.seed)
 
 
 def test_output_buffer_must_not_overlap_or_leave_gaps():

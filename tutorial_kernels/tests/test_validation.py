@@ -120,3 +120,18 @@ def test_cpu_and_gpu_mixed():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"must be on q's device"):
         naive_attention(q, k.cpu(), v)
+
+
+@pytest.mark.parametrize("make,dense", [
+    (lambda: torch.empty(2, 3, 4, 5), True),
+    (lambda: torch.empty(2, 4, 3, 5).transpose(1, 2), True),  # (B, N, H, d) memory seen as (B, H, N, d)
+    (lambda: torch.empty(5, 4, 3, 2).permute(3, 2, 1, 0), True),  # column-major
+    (lambda: torch.empty(2, 1, 4, 5).as_strided((2, 1, 4, 5), (20, 999, 5, 1)), True),  # a size-1 dim's stride is free
+    (lambda: torch.empty(2, 1, 4, 5).expand(2, 3, 4, 5), False),  # stride 0: every head the same memory
+    (lambda: torch.empty(2, 3, 4, 8)[..., :5], False),  # gaps between rows
+    (lambda: torch.empty(100).as_strided((2, 3, 4, 5), (20, 5, 5, 1)), False),  # overlapping rows
+])
+def test_dense_layouts(make, dense):
+    from tutorial_kernels.validation import _is_dense
+
+    assert _is_dense(make()) is dense
