@@ -178,16 +178,16 @@ def prefill_launch_cost(data: dict | None = None) -> go.Figure:
     lengths = sorted({r["n"] for r in rows if "gpu_ms" in r})
     cpu = {(r["model"], r["impl"]): r["cpu_us"] for r in rows if "cpu_us" in r}
     gpu = {(r["model"], r["impl"], r["n"]): r["gpu_ms"] for r in rows if "gpu_ms" in r}
-    shape = {r["model"]: f"{r['model']}: {r['heads']} / {r['kv_heads']} heads, d = {r['head_dim']}" for r in rows}
+    shape = {r["model"]: f"{r['model']} ({r['heads']}/{r['kv_heads']} heads, d={r['head_dim']})" for r in rows}
     cells = [[shape[m] for m, _ in keys], [i for _, i in keys],
              [f"{cpu[k]:.0f}" if k in cpu else "—" for k in keys],
              *[[f"{gpu[(m, i, n)] * 1e3:.0f}" if (m, i, n) in gpu else "—" for m, i in keys] for n in lengths]]
     fig = go.Figure(go.Table(
         header=dict(values=["<b>attention shape of</b>", "<b>implementation</b>", "<b>CPU µs per call (N = 16)</b>",
                             *[f"<b>GPU µs, N = {n}</b>" for n in lengths]], align="left", fill_color="#e8eaf6"),
-        cells=dict(values=cells, align="left", height=26),
+        cells=dict(values=cells, align="left", height=30), columnwidth=[2.4, 2.2, 1.4, 1.2, 1.2, 1.2][: len(cells)],
     ))
-    fig.update_layout(height=110 + 30 * len(keys) + 130)
+    fig.update_layout(height=200 + 42 * len(keys))  # header and labels may wrap to two lines
     _layout(fig, data, "One layer's attention call as the model makes it, bfloat16, causal, batch 1")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig

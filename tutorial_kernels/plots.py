@@ -810,7 +810,7 @@ def head_dim_split(data: dict | None = None) -> go.Figure:
             x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
             customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
             hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
-    fig.update_yaxes(title="TFLOP/s (bfloat16, forward; useful FLOPs of d columns)", rangemode="tozero")
+    fig.update_yaxes(title="TFLOP/s (bfloat16, forward)", rangemode="tozero")
     fig.update_layout(barmode="group", height=560, margin=dict(b=150, t=150))
     _layout(fig, data, "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128")
     fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
