@@ -13,8 +13,6 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository root
 
-import torch  # noqa: E402
-
 from tutorial_kernels import ch05_flash_v2 as ch05  # noqa: E402
 from tutorial_kernels.bench import run_probe  # noqa: E402
 
@@ -25,13 +23,8 @@ def one_padded_block(q, k, v, causal):
         return ch05.flash_attn_v2_tuned(q, k, v, causal)
 
 
-def torch_flash(q, k, v, causal):
-    with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.FLASH_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
-
-
 if __name__ == "__main__":
     candidates = {"tuned, two blocks when they save columns": ch05.flash_attn_v2_tuned,
-                  "tuned, one padded block": one_padded_block, "torch SDPA: flash": torch_flash}
+                  "tuned, one padded block": one_padded_block}
     run_probe(candidates, Path(sys.argv[1]), "python3 tools/probe_head_dim_split.py", head_dims=(80, 96, 128),
-              lengths=(2048, 16384), dtype="bfloat16")
+              lengths=(2048, 16384), dtype="bfloat16", baselines=("sdpa-flash",))

@@ -622,14 +622,17 @@ def run_suite(
 
 
 def run_probe(candidates: dict[str, Callable], out_path: Path, command: str,
-              head_dims=(64, 128), lengths=(4096, 16384), dtype: str = "float16") -> dict:
-    """Time candidate kernels (label → fn(q, k, v, causal)) against torch's cuDNN backend on the
-    FlashAttention-2 paper's shapes, with `measure_shape`'s checks and rotated rounds. A candidate that
-    does not compile is recorded as "failed", one whose output is off as "wrong", never timed as "ok".
-    For experiments outside the suites (tools/probe_*.py); writes `out_path` after every shape."""
+              head_dims=(64, 128), lengths=(4096, 16384), dtype: str = "float16",
+              baselines: tuple[str, ...] = ()) -> dict:
+    """Time candidate kernels (label → fn(q, k, v, causal)) against torch's cuDNN backend, and the
+    PROVIDERS named in `baselines`, on the FlashAttention-2 paper's shapes, with `measure_shape`'s
+    checks and rotated rounds. A candidate that does not compile is recorded as "failed", one whose
+    output is off as "wrong", never timed as "ok". For experiments outside the suites
+    (tools/probe_*.py); writes `out_path` after every shape."""
     from tutorial_kernels.testing import tolerance
 
-    providers = [PROVIDERS["sdpa-cudnn"], *(Provider(label, fn) for label, fn in candidates.items())]
+    providers = [PROVIDERS["sdpa-cudnn"], *(PROVIDERS[key] for key in baselines),
+                 *(Provider(label, fn) for label, fn in candidates.items())]
     result = {"description": "probe: candidate kernels against torch's cuDNN backend", "ceilings": measure_ceilings(),
               "provenance": provenance("probe", []) | {"command": command}, "results": []}
     for shape in _fa2_paper_shapes(head_dims, lengths, (dtype,)):

@@ -321,17 +321,19 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     """(O, lse if with_lse else None). `out`, if given, may be any permutation of a contiguous layout:
     the kernel writes through its strides (a model's (B, N, H, d) buffer viewed as (B, H, N, d))."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    if tuned and config is not None:
+        raise ValueError("config: names one configuration for the untuned launch; got one with tuned=True")
+    if tuned and trace is not None:
+        raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
+    if config is not None:
+        descriptors = config.kwargs["USE_DESCRIPTORS"]
+    if descriptors is not None and not isinstance(descriptors, bool):
+        raise TypeError(f"descriptors must be None, True or False, got {type(descriptors).__name__} {descriptors!r}")
     if out is None:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     else:
         o = check_out(out, "out", tuple(q.shape), q, any_dense_layout=True)
     lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device) if with_lse else None
-    if config is not None:
-        descriptors = config.kwargs["USE_DESCRIPTORS"]
-    if descriptors is not None and not isinstance(descriptors, bool):
-        raise TypeError(f"descriptors must be None, True or False, got {type(descriptors).__name__} {descriptors!r}")
-    if tuned and config is not None:
-        raise ValueError("config: names one configuration for the untuned launch; got one with tuned=True")
     if descriptors and not _descriptors_apply(k, v):
         raise ValueError("descriptors=True needs contiguous float16 or bfloat16 k and v with 16-byte aligned "
                          f"rows; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
@@ -360,8 +362,6 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
         SPLIT_D=block_dt > 0, BLOCK_DT=max(block_dt, 16),  # 16: the placeholder's width when not split
         WRITE_LSE=with_lse, TRACE=trace is not None,
     )
-    if tuned and trace is not None:
-        raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
     if tuned:
         # the autotuner's key: its `key` arguments, then the dtypes of the tensor arguments (q's for
         # q, k, v and o, which must match; lse's float32 only when it is written)

@@ -752,14 +752,19 @@ PROBE_VARIANTS = [  # (warp_specialize, lazy_rescale) → label and colour in th
 ]
 
 
+def _probe_cells(rows: list[dict]) -> tuple[list[tuple], list[str]]:
+    """A probe's cells, (head_dim, causal, n) in order, and their axis labels."""
+    cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
+    return cells, [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+
+
 @figure("ch05-schedule-probe")
 def schedule_probe(data: dict | None = None) -> go.Figure:
     """Two Hopper schedules tried on the forward kernel, each cell's best forced configuration per
     variant against cuDNN and torch flash measured in the same run (data/ch05_schedule_probe.json)."""
     data = data or load_data("ch05_schedule_probe")
     rows = data["results"]
-    cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
-    names = [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+    cells, names = _probe_cells(rows)
     fig = go.Figure()
     for key in ("sdpa-cudnn", "sdpa-flash"):
         picked = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["variant"] == key and r["status"] == "ok"}
@@ -800,8 +805,7 @@ def head_dim_split(data: dict | None = None) -> go.Figure:
     (data/ch05_head_dim_split.json, tools/probe_head_dim_split.py)."""
     data = data or load_data("ch05_head_dim_split")
     rows = [r for r in data["results"] if r["status"] == "ok"]
-    cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
-    names = [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+    cells, names = _probe_cells(rows)
     cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
     fig = go.Figure()
     for label, colour in SPLIT_PROBE_COLOURS.items():
