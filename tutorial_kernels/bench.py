@@ -89,6 +89,8 @@ PROVIDERS: dict[str, Provider] = {
     "flash-v2-tuned-pointers": Provider(
         "FlashAttention-2 Triton, tuned, no TMA (ch. 5)", _chapter("ch05_flash_v2", "flash_attn_v2_tuned", descriptors=False)
     ),
+    "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)",
+                                _chapter("ch05_hopper", "flash_attn_hopper")),
     # differentiable attention (TrainingShape): fn(q, k, v, causal) with autograd
     "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", _chapter("ch06_backward", "flash_attention"),
                                 config=_chapter("ch06_backward", "tuned_backward_choice")),

@@ -262,3 +262,20 @@ def test_prefill_benchmark_refuses_without_a_gpu(capsys):
         main(["--out", "/dev/null"])
     assert exit_info.value.code == 2  # argparse's usage error
     assert "prefill latency is measured on a CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (ON_GPU and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the Hopper kernel (Gluon) runs on compute capability 9.x GPUs only")
+def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
+    import tutorial_kernels.hf_attention as adapter
+
+    calls = []
+    hopper = adapter.flash_attn_hopper
+    monkeypatch.setattr(adapter, "flash_attn_hopper", lambda *a, **kw: calls.append(1) or hopper(*a, **kw))
+    seed = fresh_seed()
+    config = tiny_llama(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    model = build(config, seed, torch.bfloat16)
+    ids = token_ids(97, 2, 300, seed)
+    ours = logits_with(model, NAME, input_ids=ids)
+    assert len(calls) == config.num_hidden_layers, "every layer goes through the Hopper kernel"
+    assert_close(ours, logits_with(model, "sdpa", input_ids=ids), torch.bfloat16, seed=seed, what="logits vs sdpa")
