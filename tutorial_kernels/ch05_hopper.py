@@ -47,6 +47,10 @@ ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups mak
 BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q + 3 × 64 KiB of K/V = 224 of the 227 KiB a program may have
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
+# From this many keys on, the model adapter prefers this kernel to chapter 5's Triton kernel: below it,
+# with causal masks, the one-tile-at-a-time diagonal and the loop's prologue dominate and the Triton
+# kernel was faster on the H100 (data/ch05_hopper.json, N = 1024 causal).
+MIN_KEYS = 2048
 
 
 # --8<-- [start:loader]
@@ -296,7 +300,8 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     aligned to the bottom-right corner, as in chapter 5. `out`, if given, is written in place: any
     dense layout of shape (B, H, n_q, 128). Raises ValueError/TypeError for anything else, saying
     why — use chapter 5's `flash_attn_v2_tuned` there."""
-    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    # runs_triton=False: the device and dtype rules are this kernel's own (hopper_kernel_unavailable)
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, runs_triton=False)
     why_not = hopper_kernel_unavailable(q, k, v)
     if why_not is not None:
         raise UnsupportedShape(f"q, k, v: the Hopper kernel {why_not}; use flash_attn_v2_tuned for these inputs")

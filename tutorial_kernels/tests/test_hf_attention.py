@@ -273,9 +273,10 @@ def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     hopper = adapter.flash_attn_hopper
     monkeypatch.setattr(adapter, "flash_attn_hopper", lambda *a, **kw: calls.append(1) or hopper(*a, **kw))
     seed = fresh_seed()
-    config = tiny_llama(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128)
+    config = tiny_llama(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
+                        max_position_embeddings=4096)
     model = build(config, seed, torch.bfloat16)
-    ids = token_ids(97, 2, 300, seed)
+    ids = token_ids(97, 1, adapter.HOPPER_MIN_KEYS + 37, seed)
     ours = logits_with(model, NAME, input_ids=ids)
     assert len(calls) == config.num_hidden_layers, "every layer goes through the Hopper kernel"
     assert_close(ours, logits_with(model, "sdpa", input_ids=ids), torch.bfloat16, seed=seed, what="logits vs sdpa")
