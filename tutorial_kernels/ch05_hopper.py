@@ -78,12 +78,23 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, full_bars, em
 
 # --8<-- [start:consumer]
 @gluon.jit
+def _hide_invisible(s, t, offs_m, n_q, n_k, CAUSAL: gl.constexpr, block_n: gl.constexpr, cols_layout: gl.constexpr):
+    """Scores of key tile t with −∞ where a key lies past n_k (other tokens' rows, or TMA's zeros) or,
+    causal, past the bottom-right-aligned diagonal."""
+    cols = t * block_n + gl.arange(0, block_n, cols_layout)
+    visible = cols[None, :] < n_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))
+    return gl.where(visible, s, float("-inf"))
+
+
+@gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
               first_row, n_q, n_k, n_full, n_tiles, qk_scale, WG: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup: query rows [first_row + 64·WG, +64) against every key tile it may see.
 
-    Tiles [0, n_full) are visible to every row: FA3's overlapped loop, no mask. Tiles [n_full,
-    n_tiles) cross the causal diagonal or the end of the keys: one at a time, masked."""
+    Tiles [0, n_full) are visible to every row: no mask. Tiles [n_full, n_tiles) cross the causal
+    diagonal or the end of the keys: masked. Both loops run FA3's overlapped order."""
     dtype: gl.constexpr = k_smem.dtype
     rows_per_wg: gl.constexpr = q_smem.shape[1]
     stages: gl.constexpr = k_smem.shape[0]
@@ -107,16 +118,19 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_bas
     no_scores = gl.zeros([rows_per_wg, block_n], gl.float32, s_layout)  # S starts empty (use_acc=False)
     mbarrier.wait(q_bar, 0)
 
-    first_masked = n_full * 0
-    if n_full > 0:
+    offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
+    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
+    if n_tiles > 0:
         # tile 0 on its own: its P̃ V is issued together with tile 1's scores
         mbarrier.wait(full_bars.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), no_scores, use_acc=False)
-        m_i = gl.max(s, axis=1) * qk_scale
-        p = gl.exp2(s * qk_scale - m_i[:, None])
+        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), no_scores, use_acc=False) * qk_scale
+        if n_full == 0:
+            s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, cols_layout)
+        m_i = gl.max(s, axis=1)
+        p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
         l_i = gl.sum(p, axis=1)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
-        for t in range(1, n_full):
+        for t in range(1, n_full):  # tiles every row sees in full: no mask
             stage = t % stages
             prev = (t - 1) % stages
             mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
@@ -132,30 +146,27 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_bas
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]  # O ← diag(α_t) O, after P̃_{t-1} V_{t-1}
             p_prev = gl.convert_layout(p.to(dtype), p_layout)
             m_i = m_new
-        last = (n_full - 1) % stages
+        for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal, the ragged end: the same order, masked
+            stage = t % stages
+            prev = (t - 1) % stages
+            mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
+            s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), no_scores, use_acc=False, is_async=True)
+            acc = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
+            s = _hide_invisible(s * qk_scale, t, offs_m, n_q, n_k, CAUSAL, block_n, cols_layout)
+            m_new = gl.maximum(m_i, gl.max(s, axis=1))
+            shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
+            p = gl.exp2(s - shift[:, None])
+            alpha = gl.exp2(m_i - shift)
+            l_i = l_i * alpha + gl.sum(p, axis=1)
+            acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_prev])
+            mbarrier.arrive(empty_bars.index(prev), count=1)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_prev = gl.convert_layout(p.to(dtype), p_layout)
+            m_i = m_new
+        last = (n_tiles - 1) % stages
         acc = warpgroup_mma(p_prev, v_smem.index(last), acc)
         mbarrier.arrive(empty_bars.index(last), count=1)
-        first_masked = n_full
-
-    offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
-    for t in range(first_masked, n_tiles):
-        stage = t % stages
-        mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
-        s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), no_scores, use_acc=False)
-        cols = t * block_n + gl.arange(0, block_n, gl.SliceLayout(0, s_layout))
-        visible = cols[None, :] < n_k  # rows past n_k in the tile belong to other tokens, or are zeros
-        if CAUSAL:
-            visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))  # bottom-right aligned
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
-        p = gl.exp2(s - shift[:, None])
-        alpha = gl.exp2(m_i - shift)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        acc = warpgroup_mma(gl.convert_layout(p.to(dtype), p_layout), v_smem.index(stage), acc)
-        mbarrier.arrive(empty_bars.index(stage), count=1)
-        m_i = m_new
 
     l_o = gl.convert_layout(l_i, o_rows)
     out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
