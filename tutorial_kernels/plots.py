@@ -821,6 +821,36 @@ def head_dim_split(data: dict | None = None) -> go.Figure:
     return fig
 
 
+HOPPER_PROBE_COLOURS = {  # provider label in data/ch05_hopper.json → bar colour
+    "torch SDPA: cuDNN": PROVIDER_COLOURS["sdpa-cudnn"],
+    "FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)": "#d62728",
+    "FlashAttention-2 Triton, tuned (ch. 5)": "#ff7f0e",
+    "torch SDPA: flash": PROVIDER_COLOURS["sdpa-flash"],
+}
+
+
+@figure("ch05-hopper")
+def hopper_schedule(data: dict | None = None) -> go.Figure:
+    """Chapter 5's Hopper kernel (FA3's schedule in Gluon) against cuDNN, torch flash and the tuned
+    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, tools/probe_hopper_schedule.py)."""
+    data = data or load_data("ch05_hopper")
+    rows = [r for r in data["results"] if r["status"] == "ok"]
+    cells, names = _probe_cells(rows)
+    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
+    fig = go.Figure()
+    for label, colour in HOPPER_PROBE_COLOURS.items():
+        by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
+        fig.add_trace(go.Bar(
+            x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
+            customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
+            hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
+    fig.update_yaxes(title="TFLOP/s (bfloat16, forward)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=560, margin=dict(b=170, t=150))
+    _layout(fig, data, "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.32))
+    return fig
+
+
 def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
     """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
     chapter's targets cover, N ≥ BAR_MIN_N."""
