@@ -10,22 +10,24 @@ Triton's Gluon dialect lets us write its schedule ourselves:
 
 * warp specialisation: one *loader* warp only moves data — Q once, then K/V tiles by TMA into a ring
   of shared-memory stages, each stage guarded by a "full" and an "empty" mbarrier — while two
-  *consumer* warpgroups, 64 query rows each, only compute. They never wait for each other: each
-  releases a stage when it has finished with it, and the loader refills it when both have;
+  *consumer* warpgroups, 64 query rows each, only compute. They do not take turns: each releases a
+  stage when it has finished with it and the loader refills it when both have, so one can run up to
+  two tiles ahead of the other, and one's products may overlap the other's softmax;
 * inside a consumer, FA3's order: issue S_t = Q K_tᵀ, then O += P̃_{t-1} V_{t-1}, both asynchronous;
   wait for S_t only, and compute its softmax while P̃_{t-1} V_{t-1} is still on the tensor cores;
   then wait for that product and rescale O by α_t.
 
+Q, K and V are read in place through 4-D TMA descriptors with their own strides, so the contiguous
+(B, H, N, d) layout and the (B, N, H, d) layout transformers' attention layers produce both work
+without a copy, and the copy engine fills rows past a head's n_q or n_k with zeros.
+
 Scope: forward only (no log-sum-exp, so no training), float16/bfloat16, head_dim 128, GPUs of
-compute capability 9.x, inputs whose memory is dense with the head dimension innermost — the
-contiguous (B, H, N, d) layout and the (B, N, H, d) layout transformers' attention layers produce
-both qualify. `hopper_kernel_unavailable` says why a call does not qualify; chapter 5's Triton
-kernel covers everything else. Gluon kernels do not run in Triton's CPU interpreter.
+compute capability 9.x, the head dimension contiguous and the other strides multiples of 16 bytes.
+`hopper_kernel_unavailable` says why a call does not qualify; chapter 5's Triton kernel covers
+everything else. Gluon kernels do not run in Triton's CPU interpreter.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import triton
@@ -35,9 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tutorial_kernels.validation import UnsupportedShape, _is_dense, check_attention_inputs, check_out
-
-LOG2_E = 1.0 / math.log(2.0)
+from tutorial_kernels.ch05_flash_v2 import LOG2_E
+from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs, check_out
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -47,40 +48,43 @@ ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups mak
 BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q + 3 × 64 KiB of K/V = 224 of the 227 KiB a program may have
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
-# From this many keys on, the model adapter prefers this kernel to chapter 5's Triton kernel: below it,
-# with causal masks, the one-tile-at-a-time diagonal and the loop's prologue dominate and the Triton
-# kernel was faster on the H100 (data/ch05_hopper.json, N = 1024 causal).
+# From this many queries and keys on, the model adapter prefers this kernel to chapter 5's Triton
+# kernel: below it, with causal masks, the loop's first and last steps (which overlap nothing) weigh
+# more and the Triton kernel was faster on the H100 (data/ch05_hopper.json, N = 1024 causal); a
+# decoding step (one query) fills one 128-row tile with a single row, never measured here.
 MIN_KEYS = 2048
 
 
 # --8<-- [start:loader]
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars,
-            q_row, q_col, k_row, k_col, v_row, v_col, n_tiles):
+            batch, head, kv_head, first_row, n_tiles):
     """One warp: both halves of the Q tile once, then every K/V tile into stage t % STAGES as soon as
-    both consumer warpgroups have released the tile that was there."""
-    rows_per_wg: gl.constexpr = q_smem.shape[1]
+    both consumer warpgroups have released the tile that was there. Coordinates are (batch, head,
+    row, column) in the tensors' own shapes, so the copy engine fills rows past n_q or n_k with
+    zeros instead of reading another head's."""
+    rows_per_wg: gl.constexpr = q_smem.shape[3]
     stages: gl.constexpr = k_smem.shape[0]
-    block_n: gl.constexpr = k_smem.shape[1]
+    block_n: gl.constexpr = k_smem.shape[3]
     mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [q_row, q_col], q_bar, q_smem.index(0))
-    _tma_load(q_desc, [q_row + rows_per_wg, q_col], q_bar, q_smem.index(1))
+    _tma_load(q_desc, [batch, head, first_row, 0], q_bar, q_smem.index(0))
+    _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_bar, q_smem.index(1))
     for t in range(n_tiles):
         stage = t % stages
         # the (t // stages)-th refill of this stage waits for the previous tile's release
         mbarrier.wait(empty_bars.index(stage), ((t // stages) + 1) & 1, pred=t >= stages)
         full = full_bars.index(stage)
         mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [k_row + t * block_n, k_col], full, k_smem.index(stage))
-        _tma_load(v_desc, [v_row + t * block_n, v_col], full, v_smem.index(stage))
+        _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
+        _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
 # --8<-- [end:loader]
 
 
 # --8<-- [start:consumer]
 @gluon.jit
 def _hide_invisible(s, t, offs_m, n_q, n_k, CAUSAL: gl.constexpr, block_n: gl.constexpr, cols_layout: gl.constexpr):
-    """Scores of key tile t with −∞ where a key lies past n_k (other tokens' rows, or TMA's zeros) or,
-    causal, past the bottom-right-aligned diagonal."""
+    """Scores of key tile t with −∞ where a key lies past n_k (the copy engine's zeros) or, causal,
+    past the bottom-right-aligned diagonal."""
     cols = t * block_n + gl.arange(0, block_n, cols_layout)
     visible = cols[None, :] < n_k
     if CAUSAL:
@@ -89,17 +93,51 @@ def _hide_invisible(s, t, offs_m, n_q, n_k, CAUSAL: gl.constexpr, block_n: gl.co
 
 
 @gluon.jit
+def _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i, l_i, no_scores,
+                     offs_m, n_q, n_k, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """Key tile t in FA3's order: issue S_t = Q K_tᵀ and O += P̃_{t-1} V_{t-1}, wait for S_t only,
+    compute P̃_t while P̃_{t-1} V_{t-1} is still on the tensor cores, then wait for it, release tile
+    t-1 and rescale O by α_t. MASKED for tiles on the causal diagonal or past n_k."""
+    stages: gl.constexpr = k_smem.shape[0]
+    block_n: gl.constexpr = k_smem.shape[3]
+    head_dim: gl.constexpr = k_smem.shape[4]
+    stage = t % stages
+    prev = (t - 1) % stages
+    mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
+    k_t = k_smem.index(stage).reshape([block_n, head_dim]).permute((1, 0))
+    s = warpgroup_mma(q, k_t, no_scores, use_acc=False, is_async=True)
+    acc = warpgroup_mma(p_prev, v_smem.index(prev).reshape([block_n, head_dim]), acc, is_async=True)
+    s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_t is done; P̃_{t-1} V_{t-1} may still run
+    if MASKED:
+        s = _hide_invisible(s * qk_scale, t, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, no_scores.type.layout))
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
+        p = gl.exp2(s - shift[:, None])
+    else:
+        m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
+        shift = m_new
+        p = gl.exp2(s * qk_scale - shift[:, None])  # scale and shift fuse into one FMA
+    alpha = gl.exp2(m_i - shift)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_prev])
+    mbarrier.arrive(empty_bars.index(prev), count=1)  # this warpgroup is done with tile t-1
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]  # O ← diag(α_t) O
+    p_prev = gl.convert_layout(p.to(p_prev.dtype), p_prev.type.layout)
+    return acc, p_prev, m_new, l_i
+
+
+@gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
               first_row, n_q, n_k, n_full, n_tiles, qk_scale, WG: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup: query rows [first_row + 64·WG, +64) against every key tile it may see.
 
     Tiles [0, n_full) are visible to every row: no mask. Tiles [n_full, n_tiles) cross the causal
-    diagonal or the end of the keys: masked. Both loops run FA3's overlapped order."""
+    diagonal or the end of the keys: masked. Both run FA3's overlapped order."""
     dtype: gl.constexpr = k_smem.dtype
-    rows_per_wg: gl.constexpr = q_smem.shape[1]
+    rows_per_wg: gl.constexpr = q_smem.shape[3]
     stages: gl.constexpr = k_smem.shape[0]
-    block_n: gl.constexpr = k_smem.shape[1]
-    head_dim: gl.constexpr = k_smem.shape[2]
+    block_n: gl.constexpr = k_smem.shape[3]
+    head_dim: gl.constexpr = k_smem.shape[4]
     # register layouts of the wgmma results: S (rows × keys) and O (rows × head_dim); P̃ enters the
     # second product from registers, as its A operand
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -110,62 +148,34 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_bas
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    q = q_smem.index(WG)
+    q = q_smem.index(WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block as a matrix
     row0 = first_row + WG * rows_per_wg
+    offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
     m_i = gl.full([rows_per_wg], float("-inf"), gl.float32, s_rows)  # running max, log₂ units
     l_i = gl.zeros([rows_per_wg], gl.float32, s_rows)  # running Σ 2^(s − m)
     acc = gl.zeros([rows_per_wg, head_dim], gl.float32, o_layout)  # un-normalised O
     no_scores = gl.zeros([rows_per_wg, block_n], gl.float32, s_layout)  # S starts empty (use_acc=False)
     mbarrier.wait(q_bar, 0)
 
-    offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
-    cols_layout: gl.constexpr = gl.SliceLayout(0, s_layout)
     if n_tiles > 0:
         # tile 0 on its own: its P̃ V is issued together with tile 1's scores
         mbarrier.wait(full_bars.index(0), 0)
-        s = warpgroup_mma(q, k_smem.index(0).permute((1, 0)), no_scores, use_acc=False) * qk_scale
+        k_0 = k_smem.index(0).reshape([block_n, head_dim]).permute((1, 0))
+        s = warpgroup_mma(q, k_0, no_scores, use_acc=False) * qk_scale
         if n_full == 0:
-            s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, cols_layout)
+            s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, s_layout))
         m_i = gl.max(s, axis=1)
         p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
         l_i = gl.sum(p, axis=1)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         for t in range(1, n_full):  # tiles every row sees in full: no mask
-            stage = t % stages
-            prev = (t - 1) % stages
-            mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
-            s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), no_scores, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_t is done; P̃_{t-1} V_{t-1} may still run
-            m_new = gl.maximum(m_i, gl.max(s, axis=1) * qk_scale)
-            p = gl.exp2(s * qk_scale - m_new[:, None])  # the exponentials overlap the tensor cores' P̃ V
-            alpha = gl.exp2(m_i - m_new)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_prev])
-            mbarrier.arrive(empty_bars.index(prev), count=1)  # this warpgroup is done with tile t-1
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]  # O ← diag(α_t) O, after P̃_{t-1} V_{t-1}
-            p_prev = gl.convert_layout(p.to(dtype), p_layout)
-            m_i = m_new
-        for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal, the ragged end: the same order, masked
-            stage = t % stages
-            prev = (t - 1) % stages
-            mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
-            s = warpgroup_mma(q, k_smem.index(stage).permute((1, 0)), no_scores, use_acc=False, is_async=True)
-            acc = warpgroup_mma(p_prev, v_smem.index(prev), acc, is_async=True)
-            s = warpgroup_mma_wait(num_outstanding=1, deps=[s])
-            s = _hide_invisible(s * qk_scale, t, offs_m, n_q, n_k, CAUSAL, block_n, cols_layout)
-            m_new = gl.maximum(m_i, gl.max(s, axis=1))
-            shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
-            p = gl.exp2(s - shift[:, None])
-            alpha = gl.exp2(m_i - shift)
-            l_i = l_i * alpha + gl.sum(p, axis=1)
-            acc, p_prev = warpgroup_mma_wait(num_outstanding=0, deps=[acc, p_prev])
-            mbarrier.arrive(empty_bars.index(prev), count=1)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            p_prev = gl.convert_layout(p.to(dtype), p_layout)
-            m_i = m_new
+            acc, p_prev, m_i, l_i = _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i,
+                                                     l_i, no_scores, offs_m, n_q, n_k, qk_scale, False, CAUSAL)
+        for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal and the ragged end
+            acc, p_prev, m_i, l_i = _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i,
+                                                     l_i, no_scores, offs_m, n_q, n_k, qk_scale, True, CAUSAL)
         last = (n_tiles - 1) % stages
-        acc = warpgroup_mma(p_prev, v_smem.index(last), acc)
+        acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
         mbarrier.arrive(empty_bars.index(last), count=1)
 
     l_o = gl.convert_layout(l_i, o_rows)
@@ -202,36 +212,24 @@ def _consumer_0(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_b
 
 # --8<-- [start:kernel]
 @gluon.jit
-def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr,
-                      stride_qb, stride_qh, q_cols, stride_kb, stride_kh, k_cols, stride_vb, stride_vh, v_cols,
-                      stride_ob, stride_oh, stride_om,
+def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om,
                       n_heads, group_size, n_q, n_k, qk_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr):
     """One program: a 128-row query tile of one (batch, head), as a loader warp and two consumer
-    warpgroups. Q, K and V arrive through descriptors over their memory seen as (rows, cols)
-    matrices; a head's rows start where its (batch, head) offset falls in that matrix."""
-    rows_per_wg: gl.constexpr = q_desc.block_type.shape[0]
+    warpgroups. Q, K and V arrive through 4-D TMA descriptors over the (B, H, N, d) tensors as they
+    are, strides and all: one (1, 1, rows, d) block per copy."""
+    rows_per_wg: gl.constexpr = q_desc.block_type.shape[2]
     block_m: gl.constexpr = 2 * rows_per_wg
-    block_n: gl.constexpr = k_desc.block_type.shape[0]
-    head_dim: gl.constexpr = k_desc.block_type.shape[1]
+    block_n: gl.constexpr = k_desc.block_type.shape[2]
+    head_dim: gl.constexpr = k_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
     # causal: the longest query tiles first, as in chapter 5 (less tail imbalance)
     pid_m = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
     pid_bh = gl.program_id(1)
-    batch = (pid_bh // n_heads).to(gl.int64)
-    head = (pid_bh % n_heads).to(gl.int64)
-    kv_head = head // group_size
-    q_at = batch * stride_qb + head * stride_qh  # element offsets of this head's first row
-    k_at = batch * stride_kb + kv_head * stride_kh
-    v_at = batch * stride_vb + kv_head * stride_vh
-    q_row = (q_at // q_cols).to(gl.int32) + pid_m * block_m  # TMA coordinates are 32-bit
-    q_col = (q_at % q_cols).to(gl.int32)
-    k_row = (k_at // k_cols).to(gl.int32)
-    k_col = (k_at % k_cols).to(gl.int32)
-    v_row = (v_at // v_cols).to(gl.int32)
-    v_col = (v_at % v_cols).to(gl.int32)
-    gl.static_assert(k_desc.block_type.shape[0] == v_desc.block_type.shape[0])
+    batch = pid_bh // n_heads
+    head = pid_bh % n_heads
+    kv_head = head // group_size  # grouped-query attention: query heads share a key/value head
 
     # key tiles: [0, n_full) visible to every row of the tile, [n_full, n_tiles) masked
     if CAUSAL:
@@ -243,9 +241,9 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr,
         n_full = n_k // block_n
         n_tiles = gl.cdiv(n_k, block_n)
 
-    q_smem = gl.allocate_shared_memory(dtype, [2, rows_per_wg, head_dim], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(dtype, [STAGES, block_n, head_dim], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(dtype, [STAGES, block_n, head_dim], v_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows_per_wg, head_dim], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], v_desc.layout)
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -255,11 +253,11 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr,
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
     fence_async_shared()  # the barriers' initialisation, visible to the TMA unit before it signals them
 
-    o_base = batch * stride_ob + head * stride_oh
+    o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
     consumer_args = (q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
                      pid_m * block_m, n_q, n_k, n_full, n_tiles, qk_scale)
     loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars,
-                   q_row, q_col, k_row, k_col, v_row, v_col, n_tiles)
+                   batch, head, kv_head, pid_m * block_m, n_tiles)
     # the default partition (this program's 4 warps) is consumer 0; the workers are consumer 1 (4
     # warps) and the loader (1 warp), each with its own register budget
     if CAUSAL:
@@ -275,30 +273,22 @@ def _on_hopper(t: torch.Tensor) -> bool:
     return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
 
 
-def _as_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """t's memory as a (rows, cols) matrix that every (batch, head) tile of t is a block of: cols is
-    the stride between t's sequence positions (or head_dim for a one-position tensor). Requires a
-    dense t with the head dimension innermost (`hopper_kernel_unavailable` checks)."""
-    cols = t.stride(2) if t.shape[2] > 1 else t.shape[3]
-    return t.as_strided((t.numel() // cols, cols), (cols, 1)), cols
-
-
 def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
     """None if `flash_attn_hopper` can run these (already validated) inputs, else why not."""
     if not all(_on_hopper(t) for t in (q, k, v)):
-        return "needs CUDA tensors on a GPU of compute capability 9.x (Hopper)"
+        where = (f"compute capability {torch.cuda.get_device_capability(q.device)}" if q.is_cuda else "the CPU")
+        return f"needs CUDA tensors on a GPU of compute capability 9.x (Hopper), got {q.device} ({where})"
     if q.dtype not in (torch.float16, torch.bfloat16):
-        return f"runs float16 and bfloat16 only, got {q.dtype}"
+        return f"runs torch.float16 and torch.bfloat16 only, got {q.dtype}"
     if q.shape[3] != HEAD_DIM:
         return f"is built for head_dim {HEAD_DIM} only, got {q.shape[3]}"
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if t.stride(3) != 1 or not _is_dense(t):
-            return (f"needs {name} dense with the head dimension innermost (contiguous, or a permuted view of a "
-                    f"contiguous tensor), got strides {t.stride()}")
+        # TMA: the innermost stride 1, the others multiples of 16 bytes, the base 16-byte aligned
+        if t.stride(3) != 1 or any(st * t.element_size() % 16 for st in t.stride()[:3]):
+            return (f"needs {name}'s head dimension contiguous and its other strides multiples of 16 bytes, got "
+                    f"strides {t.stride()}")
         if t.data_ptr() % 16:
             return f"needs {name} 16-byte aligned for TMA, got address {t.data_ptr():#x}"
-        if t.numel() // _as_rows(t)[1] >= 2**31:
-            return f"addresses rows of {name} with 32-bit TMA coordinates, got {t.numel()} elements"
     return None
 
 
@@ -307,12 +297,18 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     """softmax(sm_scale · Q Kᵀ) V, FA3's schedule on a Hopper GPU (see the module docstring).
 
     q is (B, H, n_q, 128), k and v (B, H_kv, n_k, 128) with H_kv dividing H (grouped-query
-    attention), float16 or bfloat16, each dense with the head dimension innermost. Causal masks are
-    aligned to the bottom-right corner, as in chapter 5. `out`, if given, is written in place: any
-    dense layout of shape (B, H, n_q, 128). Raises ValueError/TypeError for anything else, saying
-    why — use chapter 5's `flash_attn_v2_tuned` there."""
-    # runs_triton=False: the device and dtype rules are this kernel's own (hopper_kernel_unavailable)
-    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, runs_triton=False)
+    attention), float16 or bfloat16, any strides with the head dimension contiguous (the copy engine
+    needs the others to be multiples of 16 bytes). Causal masks are aligned to the bottom-right
+    corner, as in chapter 5. `out`, if given, is written in place: any dense layout of shape
+    (B, H, n_q, 128) with the head dimension contiguous. Raises TypeError for another dtype and
+    ValueError (UnsupportedShape) for anything else this kernel does not run, saying why; chapter 5's
+    `flash_attn_v2_tuned` runs those."""
+    # runs_triton=False: the device rules are this kernel's own (hopper_kernel_unavailable)
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
+                                   allow_gqa=True, runs_triton=False)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q.dtype: the Hopper kernel runs torch.float16 and torch.bfloat16, got {q.dtype}; "
+                        "use flash_attn_v2_tuned for float32")
     why_not = hopper_kernel_unavailable(q, k, v)
     if why_not is not None:
         raise UnsupportedShape(f"q, k, v: the Hopper kernel {why_not}; use flash_attn_v2_tuned for these inputs")
@@ -323,19 +319,22 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         if out.stride(3) != 1:
             raise ValueError(f"out: the Hopper kernel writes rows of head_dim contiguous elements, got strides "
                              f"{out.stride()}")
+    return _launch(q, k, v, causal, shape.sm_scale, out)
+
+
+def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor) -> torch.Tensor:
+    """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted."""
+    batch, heads, n_q, head_dim = q.shape
     element = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
-    q_layout = gl.NVMMASharedLayout.get_default_for([ROWS_PER_WARPGROUP, HEAD_DIM], element)
-    kv_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], element)
-    (q_rows, q_cols), (k_rows, k_cols), (v_rows, v_cols) = _as_rows(q), _as_rows(k), _as_rows(v)
-    q_desc = TensorDescriptor.from_tensor(q_rows, [ROWS_PER_WARPGROUP, HEAD_DIM], q_layout)
-    k_desc = TensorDescriptor.from_tensor(k_rows, [BLOCK_N, HEAD_DIM], kv_layout)
-    v_desc = TensorDescriptor.from_tensor(v_rows, [BLOCK_N, HEAD_DIM], kv_layout)
-    grid = (triton.cdiv(shape.n_q, 2 * ROWS_PER_WARPGROUP), shape.batch * shape.heads)
+    q_block, kv_block = [1, 1, ROWS_PER_WARPGROUP, head_dim], [1, 1, BLOCK_N, head_dim]
+    q_desc = TensorDescriptor.from_tensor(q, q_block, gl.NVMMASharedLayout.get_default_for(q_block, element))
+    kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, element)
+    k_desc = TensorDescriptor.from_tensor(k, kv_block, kv_layout)
+    v_desc = TensorDescriptor.from_tensor(v, kv_block, kv_layout)
+    grid = (triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP), batch * heads)
     _flash_hopper_fwd[grid](
-        q_desc, k_desc, v_desc, out,
-        q.stride(0), q.stride(1), q_cols, k.stride(0), k.stride(1), k_cols, v.stride(0), v.stride(1), v_cols,
-        out.stride(0), out.stride(1), out.stride(2),
-        shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.sm_scale * LOG2_E,
+        q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), out.stride(2),
+        heads, heads // k.shape[1], n_q, k.shape[2], sm_scale * LOG2_E,
         CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out

@@ -71,8 +71,8 @@ def tutorial_flash_attention(
 
     With autograd recording (training), the call goes through chapter 6's `flash_attention`, whose
     backward kernels give the gradients; at inference, through the forward alone: on a Hopper GPU
-    at head_dim 128 with at least `ch05_hopper.MIN_KEYS` keys, chapter 5's Hopper kernel (FA3's
-    schedule), elsewhere chapter 5's autotuned Triton kernel.
+    at head_dim 128 with at least `ch05_hopper.MIN_KEYS` queries and keys (prefill, not a decoding
+    step), chapter 5's Hopper kernel (FA3's schedule), elsewhere chapter 5's autotuned Triton kernel.
     """
     if dropout:
         raise ValueError(
@@ -106,7 +106,7 @@ def tutorial_flash_attention(
     # view of it: no transposing copy afterwards.
     batch, heads, _, head_dim = query.shape
     out = torch.empty((batch, n_q, heads, head_dim), dtype=query.dtype, device=query.device)
-    if query.is_cuda and n_k >= HOPPER_MIN_KEYS and hopper_kernel_unavailable(query, key, value) is None:
+    if query.is_cuda and min(n_q, n_k) >= HOPPER_MIN_KEYS and hopper_kernel_unavailable(query, key, value) is None:
         flash_attn_hopper(query, key, value, causal, scaling, out=out.transpose(1, 2))  # H100/H200, head_dim 128
     elif query.is_cuda:
         flash_attn_v2_tuned(query, key, value, causal, scaling, out=out.transpose(1, 2))  # autotuned per length bucket

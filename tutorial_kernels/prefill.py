@@ -269,8 +269,10 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
             "Weights are random (built from each model's published config): latency depends on shapes, not values.",
             "Timed call: model(input_ids, attention_mask=all ones, use_cache=False, logits_to_keep=1) under "
             "torch.inference_mode(); logits of the last position only, as in generate's prefill.",
-            "tutorial_fa2 is chapter 5's flash_attn_v2_tuned, registered with transformers.AttentionInterface; "
-            "it autotunes at each new length during the warm-up, outside the timing.",
+            "tutorial_fa2 is tutorial_kernels.hf_attention registered with transformers.AttentionInterface: on a "
+            "Hopper GPU at head_dim 128 from ch05_hopper.MIN_KEYS tokens, chapter 5's Hopper kernel (Gluon); "
+            "otherwise chapter 5's flash_attn_v2_tuned, which autotunes at each new length during the warm-up, "
+            "outside the timing.",
             "status 'oom': out of GPU memory; 'skipped': not run because a shorter length already ran out of memory.",
         ],
         "provenance": prov,
@@ -374,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
                         help="attention implementations")
     parser.add_argument("--out", type=Path, default=DATA_DIR / "prefill.json", help="JSON file to write")
-    parser.add_argument("--check-length", type=int, default=512,
+    parser.add_argument("--check-length", type=int, default=2048,
                         help="prompt length of the logits check against sdpa (0: no check)")
     parser.add_argument("--seconds", type=float, default=1.0, help="about how long to time each point")
     args = parser.parse_args(argv)

@@ -53,24 +53,45 @@ def test_writes_a_transposed_out_buffer_and_a_custom_scale():
 
 
 @needs_hopper
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_strided_views_with_an_offset_and_keys_past_a_tile_read_nothing_of_their_neighbours(causal):
+    # q, k, v are views into larger tensors (a storage offset, rows of 256 of which 128 are used); the
+    # head after v's last head, and the batch before, are all infinities. The last key tile (100 of 128
+    # rows) must not read them: 0 · inf would be NaN.
+    x = random_qkv(2, 3, 100, 100, 256, torch.bfloat16, "cuda")
+    q, k = x.q[1:, :2, :, :128], x.k[1:, :2, :, 64:192]
+    v_all = x.v.clone()
+    v_all[:, 2] = float("inf")
+    v_all[0] = float("inf")
+    v = v_all[1:, :2, :, :128]
+    assert not q.is_contiguous() and q.storage_offset() > 0
+    out = poisoned(tuple(q.shape), torch.bfloat16, "cuda")
+    flash_attn_hopper(q, k, v, causal, out=out)
+    assert_close(out, reference_attention(q, k, v, causal), torch.bfloat16, seed=x.seed)
+
+
+@needs_hopper
 def test_unsupported_inputs_say_why():
     x = random_qkv(1, 2, 64, 64, 64, torch.float16, "cuda")
     assert "head_dim 128" in hopper_kernel_unavailable(x.q, x.k, x.v)
     with pytest.raises(UnsupportedShape, match="head_dim 128 only, got 64"):
         flash_attn_hopper(x.q, x.k, x.v)
     x = random_qkv(1, 2, 64, 64, 128, torch.float32, "cuda")
-    with pytest.raises(UnsupportedShape, match="float16 and bfloat16 only"):
+    with pytest.raises(TypeError, match="torch.float16 and torch.bfloat16, got torch.float32"):
         flash_attn_hopper(x.q, x.k, x.v)
-    x = random_qkv(1, 2, 64, 64, 256, torch.float16, "cuda")
-    gappy = x.q[..., :128]  # every row skips 128 elements: not dense
-    with pytest.raises(UnsupportedShape, match="needs q dense"):
-        flash_attn_hopper(gappy, x.k[..., :128].contiguous(), x.v[..., :128].contiguous())
+    x = random_qkv(1, 2, 128, 128, 128, torch.float16, "cuda")
+    columns_apart = x.q.transpose(2, 3)  # (B, H, 128, 128) whose head dimension has stride 128
+    with pytest.raises(UnsupportedShape, match="needs q's head dimension contiguous"):
+        flash_attn_hopper(columns_apart, x.k, x.v)
+    out = poisoned((1, 2, 128, 128), torch.float16, "cuda").transpose(2, 3)
+    with pytest.raises(ValueError, match="writes rows of head_dim contiguous elements"):
+        flash_attn_hopper(x.q, x.k, x.v, out=out)
 
 
 def test_cpu_tensors_are_refused_with_the_reason():
-    q = torch.randn(1, 2, 8, 128)
+    q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
     assert "compute capability 9.x" in hopper_kernel_unavailable(q, q, q)
-    with pytest.raises(UnsupportedShape, match="compute capability 9.x"):
+    with pytest.raises(UnsupportedShape, match=r"compute capability 9.x \(Hopper\), got cpu"):
         flash_attn_hopper(q, q, q)
 
 
@@ -80,3 +101,5 @@ def test_bad_arguments_are_checked_before_the_device():
         flash_attn_hopper(q, q, q, causal=1)
     with pytest.raises(ValueError, match="k and v must have the same shape"):
         flash_attn_hopper(q, q, q[:, :, :4])
+    with pytest.raises(TypeError, match="torch.float16 and torch.bfloat16, got torch.float32"):
+        flash_attn_hopper(q, q, q)

@@ -280,3 +280,7 @@ def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     ours = logits_with(model, NAME, input_ids=ids)
     assert len(calls) == config.num_hidden_layers, "every layer goes through the Hopper kernel"
     assert_close(ours, logits_with(model, "sdpa", input_ids=ids), torch.bfloat16, seed=seed, what="logits vs sdpa")
+    short = token_ids(97, 1, adapter.HOPPER_MIN_KEYS - 1, seed)
+    assert_close(logits_with(model, NAME, input_ids=short), logits_with(model, "sdpa", input_ids=short),
+                 torch.bfloat16, seed=seed, what="short prompt logits vs sdpa")
+    assert len(calls) == config.num_hidden_layers, "below MIN_KEYS the Triton kernel runs, not the Hopper one"
