@@ -821,11 +821,11 @@ def head_dim_split(data: dict | None = None) -> go.Figure:
     return fig
 
 
-HOPPER_PROBE_COLOURS = {  # provider label in data/ch05_hopper.json → bar colour
-    "torch SDPA: cuDNN": PROVIDER_COLOURS["sdpa-cudnn"],
-    "FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)": "#d62728",
-    "FlashAttention-2 Triton, tuned (ch. 5)": "#ff7f0e",
-    "torch SDPA: flash": PROVIDER_COLOURS["sdpa-flash"],
+HOPPER_PROBE_COLOURS = {  # provider key in tutorial_kernels.bench → bar colour in the Hopper probe's figure
+    "sdpa-cudnn": PROVIDER_COLOURS["sdpa-cudnn"],
+    "flash-v2-hopper": "#d62728",
+    "flash-v2-tuned": "#ff7f0e",
+    "sdpa-flash": PROVIDER_COLOURS["sdpa-flash"],
 }
 
 
@@ -833,12 +833,16 @@ HOPPER_PROBE_COLOURS = {  # provider label in data/ch05_hopper.json → bar colo
 def hopper_schedule(data: dict | None = None) -> go.Figure:
     """Chapter 5's Hopper kernel (FA3's schedule in Gluon) against cuDNN, torch flash and the tuned
     Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, tools/probe_hopper_schedule.py)."""
+    from tutorial_kernels.bench import PROVIDERS
+
     data = data or load_data("ch05_hopper")
     rows = [r for r in data["results"] if r["status"] == "ok"]
     cells, names = _probe_cells(rows)
-    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
+    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows
+             if r["provider"] == PROVIDERS["sdpa-cudnn"].label}
     fig = go.Figure()
-    for label, colour in HOPPER_PROBE_COLOURS.items():
+    for key, colour in HOPPER_PROBE_COLOURS.items():
+        label = PROVIDERS[key].label
         by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
         fig.add_trace(go.Bar(
             x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
