@@ -83,7 +83,8 @@ def _attend_to_key_tiles(
         cols = start_n + offs_n
         if USE_DESCRIPTORS:
             # rows past this head's n_k belong to the next head (or are zero past the end): the
-            # masked stage gives them −∞ scores, so they add 0·V. Columns past head_dim load as 0.
+            # masked stage gives them −∞ scores and zeroes their V rows, so they add nothing, even
+            # where the next head holds infinities. Columns past head_dim load as 0.
             k_t = tl.trans(k_src.load([kv_row0 + start_n, 0]))
         else:
             k_t = _load_kv_tile(k_src + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn,
@@ -111,6 +112,8 @@ def _attend_to_key_tiles(
         l_i = l_i * alpha + tl.sum(p, axis=1)  # l ← l·α + rowsum(P̃)
         if USE_DESCRIPTORS:
             v = v_src.load([kv_row0 + start_n, 0])
+            if MASKED:  # rows past n_k hold the next head's values: weight 0, but 0 · inf would be NaN
+                v = tl.where(cols[:, None] < n_k, v, 0.0)
         else:
             v = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                               cols[:, None] < n_k, d_ok[None, :], MASKED, EVEN_D)

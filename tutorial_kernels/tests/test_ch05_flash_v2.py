@@ -179,6 +179,18 @@ def test_tuned_with_and_without_descriptors(descriptors, causal, head_dim):
     assert_close(out, reference_attention(x.q, x.k, x.v, causal), torch.float16, seed=x.seed)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_descriptor_tiles_past_n_k_ignore_infinities_in_the_next_head(causal):
+    # K/V descriptors span all heads: the last tile of batch 0's last head reads batch 1's first head,
+    # which here is all infinities. Batch 0 must come out as if they were not there (0 · inf is NaN).
+    x = random_qkv(2, 2, 40, 77, 64, torch.float16)
+    k, v = x.k.clone(), x.v.clone()
+    k[1, 0] = float("inf")
+    v[1, 0] = float("inf")
+    out = flash_attn_v2_tuned(x.q, k, v, causal, descriptors=True)
+    assert_close(out[:1], reference_attention(x.q[:1], k[:1], v[:1], causal), torch.float16, seed=x.seed)
+
+
 def test_descriptors_need_contiguous_rows():
     x = random_qkv(1, 2, 8, 8, 64, torch.float16, layout="bnhd")
     with pytest.raises(ValueError, match=r"descriptors=True needs contiguous float16 or bfloat16 k and v"):
