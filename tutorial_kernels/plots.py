@@ -798,27 +798,37 @@ SPLIT_PROBE_COLOURS = {  # provider label in data/ch05_head_dim_split.json → b
 }
 
 
-@figure("ch05-head-dim-split")
-def head_dim_split(data: dict | None = None) -> go.Figure:
-    """Head dimensions 80 and 96 as two column blocks against one block padded to 128, with cuDNN and
-    torch flash in the same run; d = 128 (one block either way) as the control
-    (data/ch05_head_dim_split.json, tools/probe_head_dim_split.py)."""
-    data = data or load_data("ch05_head_dim_split")
+def _probe_bars(data: dict, colours: dict[str, str], title: str, bottom: int, legend_y: float) -> go.Figure:
+    """A probe's TFLOP/s as grouped bars per cell, one trace per provider label in `colours`, each bar's
+    ratio to cuDNN (measured in the same run) on hover."""
+    from tutorial_kernels.bench import PROVIDERS
+
     rows = [r for r in data["results"] if r["status"] == "ok"]
     cells, names = _probe_cells(rows)
-    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows if r["provider"] == "torch SDPA: cuDNN"}
+    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows
+             if r["provider"] == PROVIDERS["sdpa-cudnn"].label}
     fig = go.Figure()
-    for label, colour in SPLIT_PROBE_COLOURS.items():
+    for label, colour in colours.items():
         by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
         fig.add_trace(go.Bar(
             x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
             customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
             hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
     fig.update_yaxes(title="TFLOP/s (bfloat16, forward)", rangemode="tozero")
-    fig.update_layout(barmode="group", height=560, margin=dict(b=150, t=150))
-    _layout(fig, data, "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
+    fig.update_layout(barmode="group", height=560, margin=dict(b=bottom, t=150))
+    _layout(fig, data, title)
+    fig.update_layout(hovermode="closest", legend=dict(y=legend_y))
     return fig
+
+
+@figure("ch05-head-dim-split")
+def head_dim_split(data: dict | None = None) -> go.Figure:
+    """Head dimensions 80 and 96 as two column blocks against one block padded to 128, with cuDNN and
+    torch flash in the same run; d = 128 (one block either way) as the control
+    (data/ch05_head_dim_split.json, tools/probe_head_dim_split.py)."""
+    return _probe_bars(data or load_data("ch05_head_dim_split"), SPLIT_PROBE_COLOURS,
+                       "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128",
+                       bottom=150, legend_y=-0.3)
 
 
 HOPPER_PROBE_COLOURS = {  # provider key in tutorial_kernels.bench → bar colour in the Hopper probe's figure
@@ -835,24 +845,10 @@ def hopper_schedule(data: dict | None = None) -> go.Figure:
     Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, tools/probe_hopper_schedule.py)."""
     from tutorial_kernels.bench import PROVIDERS
 
-    data = data or load_data("ch05_hopper")
-    rows = [r for r in data["results"] if r["status"] == "ok"]
-    cells, names = _probe_cells(rows)
-    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows
-             if r["provider"] == PROVIDERS["sdpa-cudnn"].label}
-    fig = go.Figure()
-    for key, colour in HOPPER_PROBE_COLOURS.items():
-        label = PROVIDERS[key].label
-        by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
-        fig.add_trace(go.Bar(
-            x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
-            customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
-            hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
-    fig.update_yaxes(title="TFLOP/s (bfloat16, forward)", rangemode="tozero")
-    fig.update_layout(barmode="group", height=560, margin=dict(b=170, t=150))
-    _layout(fig, data, "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.32))
-    return fig
+    return _probe_bars(data or load_data("ch05_hopper"),
+                       {PROVIDERS[key].label: colour for key, colour in HOPPER_PROBE_COLOURS.items()},
+                       "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel",
+                       bottom=170, legend_y=-0.32)
 
 
 def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
