@@ -29,6 +29,8 @@ everything else. Gluon kernels do not run in Triton's CPU interpreter.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 from triton.experimental import gluon
@@ -55,28 +57,67 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 MIN_KEYS = 2048
 
 
+# --8<-- [start:work_item]
+@gluon.jit
+def _work_item(w, n_bh, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.constexpr,
+               block_n: gl.constexpr):
+    """Work item w: one 128-row query tile of one (batch, head), as (batch, head, kv_head, first_row,
+    n_full, n_tiles). Key tiles [0, n_full) are visible to every row of it; [n_full, n_tiles) cross
+    the causal diagonal or the end of the keys and are masked.
+
+    Items are numbered query tile by query tile, every (batch, head) of one tile before the next,
+    and, causal, the tiles that see the most keys first: each program takes items w, w + P, w + 2P, …
+    (P programs), so the items that run last anywhere are the shortest ones (longest-processing-
+    time-first, Graham 1969), and the programs finish together."""
+    m_rank = w // n_bh
+    bh = w % n_bh
+    if CAUSAL:
+        pid_m = gl.cdiv(n_q, block_m) - 1 - m_rank
+        first_row_sees = pid_m * block_m + (n_k - n_q) + 1  # keys the tile's first row sees
+        last_row_sees = (pid_m + 1) * block_m + (n_k - n_q)  # … and its last row
+        n_full = gl.maximum(gl.minimum(first_row_sees, n_k), 0) // block_n
+        n_tiles = gl.cdiv(gl.maximum(gl.minimum(last_row_sees, n_k), 0), block_n)
+    else:
+        pid_m = m_rank
+        n_full = n_k // block_n
+        n_tiles = gl.cdiv(n_k, block_n)
+    head = bh % n_heads
+    return bh // n_heads, head, head // group_size, pid_m * block_m, n_full, n_tiles  # H_kv = H / group_size
+# --8<-- [end:work_item]
+
+
 # --8<-- [start:loader]
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars,
-            batch, head, kv_head, first_row, n_tiles):
-    """One warp: both halves of the Q tile once, then every K/V tile into stage t % STAGES as soon as
-    both consumer warpgroups have released the tile that was there. Coordinates are (batch, head,
-    row, column) in the tensors' own shapes, so the copy engine fills rows past n_q or n_k with
-    zeros instead of reading another head's."""
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+    """One warp, for each of this program's work items: both halves of its Q tile, once both consumer
+    warpgroups have computed their last scores with the previous item's; then each K/V tile into
+    the next stage of the ring as soon as both have released the tile that was there. The ring runs
+    on across items, so the next item's first tiles arrive while the consumers finish this one.
+    Coordinates are (batch, head, row, column) in the tensors' own shapes, so the copy engine fills
+    rows past n_q or n_k with zeros instead of reading another head's."""
     rows_per_wg: gl.constexpr = q_smem.shape[3]
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
-    mbarrier.expect(q_bar, 2 * q_desc.block_type.nbytes)
-    _tma_load(q_desc, [batch, head, first_row, 0], q_bar, q_smem.index(0))
-    _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_bar, q_smem.index(1))
-    for t in range(n_tiles):
-        stage = t % stages
-        # the (t // stages)-th refill of this stage waits for the previous tile's release
-        mbarrier.wait(empty_bars.index(stage), ((t // stages) + 1) & 1, pred=t >= stages)
-        full = full_bars.index(stage)
-        mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
-        _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+    loaded = 0  # K/V tiles this program has loaded: tile number `loaded` goes to stage loaded % stages
+    started = 0  # work items this program has begun
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, n_heads, group_size, n_q, n_k,
+                                                                      CAUSAL, 2 * rows_per_wg, block_n)
+        mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
+        mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+        _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
+        _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
+        for t in range(n_tiles):
+            stage = loaded % stages
+            # the (loaded // stages)-th refill of this stage waits for the release of the tile before
+            mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
+            full = full_bars.index(stage)
+            mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
+            _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+            loaded += 1
+        started += 1
 # --8<-- [end:loader]
 
 
@@ -93,17 +134,18 @@ def _hide_invisible(s, t, offs_m, n_q, n_k, CAUSAL: gl.constexpr, block_n: gl.co
 
 
 @gluon.jit
-def _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i, l_i, no_scores,
+def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i, l_i, no_scores,
                      offs_m, n_q, n_k, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """Key tile t in FA3's order: issue S_t = Q K_tᵀ and O += P̃_{t-1} V_{t-1}, wait for S_t only,
-    compute P̃_t while P̃_{t-1} V_{t-1} is still on the tensor cores, then wait for it, release tile
-    t-1 and rescale O by α_t. MASKED for tiles on the causal diagonal or past n_k."""
+    """Key tile t (the program's ring_t-th) in FA3's order: issue S_t = Q K_tᵀ and O += P̃_{t-1}
+    V_{t-1}, wait for S_t only, compute P̃_t while P̃_{t-1} V_{t-1} is still on the tensor cores,
+    then wait for it, release tile t-1 and rescale O by α_t. MASKED for tiles on the causal diagonal
+    or past n_k."""
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
     head_dim: gl.constexpr = k_smem.shape[4]
-    stage = t % stages
-    prev = (t - 1) % stages
-    mbarrier.wait(full_bars.index(stage), (t // stages) & 1)
+    stage = ring_t % stages
+    prev = (ring_t - 1) % stages
+    mbarrier.wait(full_bars.index(stage), (ring_t // stages) & 1)
     k_t = k_smem.index(stage).reshape([block_n, head_dim]).permute((1, 0))
     s = warpgroup_mma(q, k_t, no_scores, use_acc=False, is_async=True)
     acc = warpgroup_mma(p_prev, v_smem.index(prev).reshape([block_n, head_dim]), acc, is_async=True)
@@ -127,12 +169,12 @@ def _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-              first_row, n_q, n_k, n_full, n_tiles, qk_scale, WG: gl.constexpr, CAUSAL: gl.constexpr):
-    """One warpgroup: query rows [first_row + 64·WG, +64) against every key tile it may see.
-
-    Tiles [0, n_full) are visible to every row: no mask. Tiles [n_full, n_tiles) cross the causal
-    diagonal or the end of the keys: masked. Both run FA3's overlapped order."""
+def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """One warpgroup, for each of this program's work items: query rows [first_row + 64·WG, +64)
+    against every key tile they may see, tiles [0, n_full) unmasked and [n_full, n_tiles) masked,
+    both in FA3's overlapped order; then O / ℓ to memory."""
     dtype: gl.constexpr = k_smem.dtype
     rows_per_wg: gl.constexpr = q_smem.shape[3]
     stages: gl.constexpr = k_smem.shape[0]
@@ -149,123 +191,136 @@ def _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_bas
     o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
     q = q_smem.index(WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block as a matrix
-    row0 = first_row + WG * rows_per_wg
-    offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
-    m_i = gl.full([rows_per_wg], float("-inf"), gl.float32, s_rows)  # running max, log₂ units
-    l_i = gl.zeros([rows_per_wg], gl.float32, s_rows)  # running Σ 2^(s − m)
-    acc = gl.zeros([rows_per_wg, head_dim], gl.float32, o_layout)  # un-normalised O
     no_scores = gl.zeros([rows_per_wg, block_n], gl.float32, s_layout)  # S starts empty (use_acc=False)
-    mbarrier.wait(q_bar, 0)
+    used = 0  # K/V tiles of the ring this program has used, as the loader counts them
+    started = 0
+    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, n_heads, group_size, n_q, n_k,
+                                                                      CAUSAL, 2 * rows_per_wg, block_n)
+        row0 = first_row + WG * rows_per_wg
+        offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
+        m_i = gl.full([rows_per_wg], float("-inf"), gl.float32, s_rows)  # running max, log₂ units
+        l_i = gl.zeros([rows_per_wg], gl.float32, s_rows)  # running Σ 2^(s − m)
+        acc = gl.zeros([rows_per_wg, head_dim], gl.float32, o_layout)  # un-normalised O
+        mbarrier.wait(q_full, started & 1)
+        if n_tiles > 0:
+            # tile 0 on its own: its P̃ V is issued together with tile 1's scores
+            mbarrier.wait(full_bars.index(used % stages), (used // stages) & 1)
+            k_0 = k_smem.index(used % stages).reshape([block_n, head_dim]).permute((1, 0))
+            s = warpgroup_mma(q, k_0, no_scores, use_acc=False) * qk_scale
+            if n_full == 0:
+                s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, s_layout))
+            m_i = gl.max(s, axis=1)
+            p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+            l_i = gl.sum(p, axis=1)
+            p_prev = gl.convert_layout(p.to(dtype), p_layout)
+            for t in range(1, n_full):  # tiles every row sees in full: no mask
+                acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                         p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
+                                                         False, CAUSAL)
+            for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal and the ragged end
+                acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                         p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
+                                                         True, CAUSAL)
+            mbarrier.arrive(q_empty, count=1)  # every S of this item is done: the loader may bring the next Q
+            last = (used + n_tiles - 1) % stages
+            acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
+            mbarrier.arrive(empty_bars.index(last), count=1)
+        else:
+            mbarrier.arrive(q_empty, count=1)  # rows that see no key: Q is not needed
+        used += n_tiles
+        started += 1
 
-    if n_tiles > 0:
-        # tile 0 on its own: its P̃ V is issued together with tile 1's scores
-        mbarrier.wait(full_bars.index(0), 0)
-        k_0 = k_smem.index(0).reshape([block_n, head_dim]).permute((1, 0))
-        s = warpgroup_mma(q, k_0, no_scores, use_acc=False) * qk_scale
-        if n_full == 0:
-            s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, s_layout))
-        m_i = gl.max(s, axis=1)
-        p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-        l_i = gl.sum(p, axis=1)
-        p_prev = gl.convert_layout(p.to(dtype), p_layout)
-        for t in range(1, n_full):  # tiles every row sees in full: no mask
-            acc, p_prev, m_i, l_i = _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i,
-                                                     l_i, no_scores, offs_m, n_q, n_k, qk_scale, False, CAUSAL)
-        for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal and the ragged end
-            acc, p_prev, m_i, l_i = _overlapped_step(t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i,
-                                                     l_i, no_scores, offs_m, n_q, n_k, qk_scale, True, CAUSAL)
-        last = (n_tiles - 1) % stages
-        acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
-        mbarrier.arrive(empty_bars.index(last), count=1)
-
-    l_o = gl.convert_layout(l_i, o_rows)
-    out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
-    rows = row0 + gl.arange(0, rows_per_wg, o_rows)
-    cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, o_layout))
-    ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
-    gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
+        l_o = gl.convert_layout(l_i, o_rows)
+        out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
+        rows = row0 + gl.arange(0, rows_per_wg, o_rows)
+        cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, o_layout))
+        o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
+        ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
+        gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
 # --8<-- [end:consumer]
 
 
-# Worker partitions take no compile-time arguments (Triton 3.6), so the second warpgroup gets one
-# small wrapper per value of CAUSAL.
+# Worker partitions take no compile-time arguments (Triton 3.6), so the second consumer warpgroup
+# and the loader get one small wrapper per value of CAUSAL.
 @gluon.jit
-def _consumer_1_causal(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-                       first_row, n_q, n_k, n_full, n_tiles, qk_scale):
-    _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-              first_row, n_q, n_k, n_full, n_tiles, qk_scale, 1, True)
-
-
-@gluon.jit
-def _consumer_1_full(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-                     first_row, n_q, n_k, n_full, n_tiles, qk_scale):
-    _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-              first_row, n_q, n_k, n_full, n_tiles, qk_scale, 1, False)
+def _consumer_1_causal(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                       stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-                first_row, n_q, n_k, n_full, n_tiles, qk_scale, CAUSAL: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-              first_row, n_q, n_k, n_full, n_tiles, qk_scale, 0, CAUSAL)
+def _consumer_1_full(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                     stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
+
+
+@gluon.jit
+def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, CAUSAL: gl.constexpr):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
+
+
+@gluon.jit
+def _loader_causal(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+                   n_items, n_bh, n_heads, group_size, n_q, n_k):
+    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, n_heads, group_size, n_q, n_k, True)
+
+
+@gluon.jit
+def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+                 n_items, n_bh, n_heads, group_size, n_q, n_k):
+    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, n_heads, group_size, n_q, n_k, False)
 
 
 # --8<-- [start:kernel]
 @gluon.jit
 def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om,
-                      n_heads, group_size, n_q, n_k, qk_scale,
+                      n_bh, n_heads, group_size, n_q, n_k, qk_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr):
-    """One program: a 128-row query tile of one (batch, head), as a loader warp and two consumer
-    warpgroups. Q, K and V arrive through 4-D TMA descriptors over the (B, H, N, d) tensors as they
-    are, strides and all: one (1, 1, rows, d) block per copy."""
+    """A persistent program: a loader warp and two consumer warpgroups that run work items (128-row
+    query tiles of one (batch, head), see `_work_item`) w = program_id, + P, + 2P, … until none are
+    left, with one set of barriers and one ring of K/V stages for all of them. Q, K and V arrive
+    through 4-D TMA descriptors over the (B, H, N, d) tensors as they are, strides and all: one
+    (1, 1, rows, d) block per copy."""
     rows_per_wg: gl.constexpr = q_desc.block_type.shape[2]
-    block_m: gl.constexpr = 2 * rows_per_wg
     block_n: gl.constexpr = k_desc.block_type.shape[2]
     head_dim: gl.constexpr = k_desc.block_type.shape[3]
     dtype: gl.constexpr = q_desc.dtype
-    # causal: the longest query tiles first, as in chapter 5 (less tail imbalance)
-    pid_m = gl.num_programs(0) - 1 - gl.program_id(0) if CAUSAL else gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    batch = pid_bh // n_heads
-    head = pid_bh % n_heads
-    kv_head = head // group_size  # grouped-query attention: query heads share a key/value head
-
-    # key tiles: [0, n_full) visible to every row of the tile, [n_full, n_tiles) masked
-    if CAUSAL:
-        first_row_sees = pid_m * block_m + (n_k - n_q) + 1
-        last_row_sees = (pid_m + 1) * block_m + (n_k - n_q)
-        n_full = gl.maximum(gl.minimum(first_row_sees, n_k), 0) // block_n
-        n_tiles = gl.cdiv(gl.maximum(gl.minimum(last_row_sees, n_k), 0), block_n)
-    else:
-        n_full = n_k // block_n
-        n_tiles = gl.cdiv(n_k, block_n)
+    n_items = gl.cdiv(n_q, 2 * rows_per_wg) * n_bh
 
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows_per_wg, head_dim], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], v_desc.layout)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_full, count=1)  # completed by the Q tile's bytes arriving
+    mbarrier.init(q_empty, count=2)  # completed when both consumers are done with the Q tile
     for i in gl.static_range(STAGES):
         mbarrier.init(full_bars.index(i), count=1)  # completed by the TMA bytes arriving
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
     fence_async_shared()  # the barriers' initialisation, visible to the TMA unit before it signals them
 
-    o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
-    consumer_args = (q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars, o_ptr, o_base, stride_om,
-                     pid_m * block_m, n_q, n_k, n_full, n_tiles, qk_scale)
-    loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_bar, full_bars, empty_bars,
-                   batch, head, kv_head, pid_m * block_m, n_tiles)
+    items = (n_items, n_bh, n_heads, group_size, n_q, n_k)
+    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                     stride_om) + items + (qk_scale,)
+    loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars) + items
     # the default partition (this program's 4 warps) is consumer 0; the workers are consumer 1 (4
     # warps) and the loader (1 warp), each with its own register budget
     if CAUSAL:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL,)), (_consumer_1_causal, consumer_args),
-                            (_loader, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                            (_loader_causal, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL,)), (_consumer_1_full, consumer_args),
-                            (_loader, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                            (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
 # --8<-- [end:kernel]
 
 
@@ -322,8 +377,16 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     return _launch(q, k, v, causal, shape.sm_scale, out)
 
 
-def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor) -> torch.Tensor:
-    """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted."""
+@functools.lru_cache(maxsize=None)
+def _sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs: int | None = None) -> torch.Tensor:
+    """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
+
+    One program per SM (the shared memory of one fills an SM) unless `programs` says otherwise;
+    `programs` = the number of work items gives the non-persistent launch, one item per program."""
     batch, heads, n_q, head_dim = q.shape
     element = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     q_block, kv_block = [1, 1, ROWS_PER_WARPGROUP, head_dim], [1, 1, BLOCK_N, head_dim]
@@ -331,10 +394,11 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor) -> torch.
     kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, element)
     k_desc = TensorDescriptor.from_tensor(k, kv_block, kv_layout)
     v_desc = TensorDescriptor.from_tensor(v, kv_block, kv_layout)
-    grid = (triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP), batch * heads)
-    _flash_hopper_fwd[grid](
+    n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
+    programs = min(n_items, programs or _sm_count(q.device.index))
+    _flash_hopper_fwd[(programs,)](
         q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), out.stride(2),
-        heads, heads // k.shape[1], n_q, k.shape[2], sm_scale * LOG2_E,
+        batch * heads, heads, heads // k.shape[1], n_q, k.shape[2], sm_scale * LOG2_E,
         CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out
