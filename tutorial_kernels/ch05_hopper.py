@@ -59,20 +59,26 @@ MIN_KEYS = 2048
 
 # --8<-- [start:work_item]
 @gluon.jit
-def _work_item(w, n_bh, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.constexpr,
+def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.constexpr,
                block_n: gl.constexpr):
     """Work item w: one 128-row query tile of one (batch, head), as (batch, head, kv_head, first_row,
     n_full, n_tiles). Key tiles [0, n_full) are visible to every row of it; [n_full, n_tiles) cross
     the causal diagonal or the end of the keys and are masked.
 
-    Items are numbered query tile by query tile, every (batch, head) of one tile before the next,
-    and, causal, the tiles that see the most keys first: each program takes items w, w + P, w + 2P, …
-    (P programs), so the items that run last anywhere are the shortest ones (longest-processing-
-    time-first, Graham 1969), and the programs finish together."""
-    m_rank = w // n_bh
-    bh = w % n_bh
+    The (batch, head) pairs are cut into sections of `section` consecutive pairs, whose keys and
+    values fit in L2 together; items go section by section, and within a section query tile by
+    query tile, every pair of one tile before the next. Each program takes items w, w + P, w + 2P, …
+    (P programs), so the programs running at any moment share one section's K/V through L2; and,
+    causal, a section's tiles that see the most keys come first, so the items that run last are the
+    shortest (longest-processing-time-first, Graham 1969) and the programs finish together."""
+    n_m = gl.cdiv(n_q, block_m)
+    first_bh = (w // (section * n_m)) * section
+    pairs = gl.minimum(section, n_bh - first_bh)  # the last section may be smaller
+    within = w - first_bh * n_m
+    m_rank = within // pairs
+    bh = first_bh + within % pairs
     if CAUSAL:
-        pid_m = gl.cdiv(n_q, block_m) - 1 - m_rank
+        pid_m = n_m - 1 - m_rank
         first_row_sees = pid_m * block_m + (n_k - n_q) + 1  # keys the tile's first row sees
         last_row_sees = (pid_m + 1) * block_m + (n_k - n_q)  # … and its last row
         n_full = gl.maximum(gl.minimum(first_row_sees, n_k), 0) // block_n
@@ -89,7 +95,7 @@ def _work_item(w, n_bh, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, blo
 # --8<-- [start:loader]
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
     """One warp, for each of this program's work items: both halves of its Q tile, once both consumer
     warpgroups have computed their last scores with the previous item's; then each K/V tile into
     the next stage of the ring as soon as both have released the tile that was there. The ring runs
@@ -102,7 +108,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
     loaded = 0  # K/V tiles this program has loaded: tile number `loaded` goes to stage loaded % stages
     started = 0  # work items this program has begun
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, n_heads, group_size, n_q, n_k,
+        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k,
                                                                       CAUSAL, 2 * rows_per_wg, block_n)
         mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
         mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
@@ -170,7 +176,7 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
     """One warpgroup, for each of this program's work items: query rows [first_row + 64·WG, +64)
     against every key tile they may see, tiles [0, n_full) unmasked and [n_full, n_tiles) masked,
@@ -195,7 +201,7 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
     used = 0  # K/V tiles of the ring this program has used, as the loader counts them
     started = 0
     for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, n_heads, group_size, n_q, n_k,
+        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k,
                                                                       CAUSAL, 2 * rows_per_wg, block_n)
         row0 = first_row + WG * rows_per_wg
         offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
@@ -245,43 +251,43 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
 # and the loader get one small wrapper per value of CAUSAL.
 @gluon.jit
 def _consumer_1_causal(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                       stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale):
+                       stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
     _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
 
 
 @gluon.jit
 def _consumer_1_full(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                     stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale):
+                     stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
     _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
 
 
 @gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, CAUSAL: gl.constexpr):
+                stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, CAUSAL: gl.constexpr):
     _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
 
 
 @gluon.jit
 def _loader_causal(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                   n_items, n_bh, n_heads, group_size, n_q, n_k):
+                   n_items, n_bh, section, n_heads, group_size, n_q, n_k):
     _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, n_heads, group_size, n_q, n_k, True)
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, True)
 
 
 @gluon.jit
 def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                 n_items, n_bh, n_heads, group_size, n_q, n_k):
+                 n_items, n_bh, section, n_heads, group_size, n_q, n_k):
     _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, n_heads, group_size, n_q, n_k, False)
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, False)
 
 
 # --8<-- [start:kernel]
 @gluon.jit
 def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om,
-                      n_bh, n_heads, group_size, n_q, n_k, qk_scale,
+                      n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr):
     """A persistent program: a loader warp and two consumer warpgroups that run work items (128-row
@@ -309,7 +315,7 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
     fence_async_shared()  # the barriers' initialisation, visible to the TMA unit before it signals them
 
-    items = (n_items, n_bh, n_heads, group_size, n_q, n_k)
+    items = (n_items, n_bh, section, n_heads, group_size, n_q, n_k)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
                      stride_om) + items + (qk_scale,)
     loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars) + items
@@ -378,27 +384,37 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 
 
 @functools.lru_cache(maxsize=None)
-def _sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
+def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device_index)
+    return props.multi_processor_count, props.L2_cache_size
 
 
-def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs: int | None = None) -> torch.Tensor:
+def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs: int | None = None,
+            section: int | None = None) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
-    One program per SM (the shared memory of one fills an SM) unless `programs` says otherwise;
-    `programs` = the number of work items gives the non-persistent launch, one item per program."""
+    One program per SM (the shared memory of one fills an SM) unless `programs` says otherwise
+    (`programs` = the number of work items is the non-persistent launch, one item per program).
+    A section is as many (batch, head) pairs as keep their K and V within half the L2 cache, the
+    other half left to the Q and O streams, unless `section` says otherwise."""
     batch, heads, n_q, head_dim = q.shape
+    group_size, n_k = heads // k.shape[1], k.shape[2]
     element = gl.float16 if q.dtype == torch.float16 else gl.bfloat16
     q_block, kv_block = [1, 1, ROWS_PER_WARPGROUP, head_dim], [1, 1, BLOCK_N, head_dim]
     q_desc = TensorDescriptor.from_tensor(q, q_block, gl.NVMMASharedLayout.get_default_for(q_block, element))
     kv_layout = gl.NVMMASharedLayout.get_default_for(kv_block, element)
     k_desc = TensorDescriptor.from_tensor(k, kv_block, kv_layout)
     v_desc = TensorDescriptor.from_tensor(v, kv_block, kv_layout)
+    sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
-    programs = min(n_items, programs or _sm_count(q.device.index))
+    programs = min(n_items, programs or sm_count)
+    if section is None:
+        kv_bytes_per_head = 2 * n_k * head_dim * q.element_size() / group_size  # K and V, shared by a group
+        section = int(l2_bytes / 2 // kv_bytes_per_head)
+    section = max(1, min(section, batch * heads))
     _flash_hopper_fwd[(programs,)](
         q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), out.stride(2),
-        batch * heads, heads, heads // k.shape[1], n_q, k.shape[2], sm_scale * LOG2_E,
+        batch * heads, section, heads, group_size, n_q, n_k, sm_scale * LOG2_E,
         CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out

@@ -45,21 +45,22 @@ def test_matches_float64_reference(shape, causal, dtype, layout):
 
 
 @needs_hopper
-@pytest.mark.parametrize("programs", [1, 2, 5])
+@pytest.mark.parametrize("programs,section", [(1, None), (2, 3), (5, 1), (7, 4)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 3, 3, 300, 130), (1, 2, 1, 1000, 1000)],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
-def test_programs_that_run_several_work_items_carry_the_ring_and_q_across_them(shape, causal, programs):
+def test_programs_that_run_several_work_items_carry_the_ring_and_q_across_them(shape, causal, programs, section):
     # The launch is persistent: with fewer programs than work items, each program runs several, and
     # its barriers' phases and the K/V ring run on from one item to the next, through items with
-    # different numbers of key tiles and (causal, n_q > n_k) items whose rows see no key at all.
+    # different numbers of key tiles and (causal, n_q > n_k) items whose rows see no key at all;
+    # sections of 1, 3 or 4 (batch, head) pairs leave a smaller last section in some shapes.
     from tutorial_kernels.ch05_hopper import _launch
 
     batch, heads, kv_heads, n_q, n_k = shape
     x = random_qkv(batch, heads, n_q, n_k, 128, torch.bfloat16, "cuda", layout="bnhd")
     k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
     out = poisoned(tuple(x.q.shape), torch.bfloat16, "cuda")
-    _launch(x.q, k, v, causal, 128 ** -0.5, out, programs=programs)
+    _launch(x.q, k, v, causal, 128 ** -0.5, out, programs=programs, section=section)
     group = heads // kv_heads
     ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
     assert_close(out, ref, torch.bfloat16, seed=x.seed)
