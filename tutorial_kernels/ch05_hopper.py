@@ -67,10 +67,10 @@ def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.const
 
     The (batch, head) pairs are cut into sections of `section` consecutive pairs, whose keys and
     values fit in L2 together; items go section by section, and within a section query tile by
-    query tile, every pair of one tile before the next. Each program takes items w, w + P, w + 2P, …
-    (P programs), so the programs running at any moment share one section's K/V through L2; and,
-    causal, a section's tiles that see the most keys come first, so the items that run last are the
-    shortest (longest-processing-time-first, Graham 1969) and the programs finish together."""
+    query tile, every pair of one tile before the next. So the programs running at any moment
+    share one section's K/V through L2; and, causal, a section's tiles that see the most keys come
+    first (longest-processing-time-first, Graham 1969), which `_dealt_item` turns into nearly equal
+    sums per program."""
     n_m = gl.cdiv(n_q, block_m)
     first_bh = (w // (section * n_m)) * section
     pairs = gl.minimum(section, n_bh - first_bh)  # the last section may be smaller
@@ -92,6 +92,20 @@ def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.const
 # --8<-- [end:work_item]
 
 
+# --8<-- [start:dealt_item]
+@gluon.jit
+def _dealt_item(deal):
+    """The work item this program takes in deal number `deal`: items are dealt to the P programs like cards,
+    forwards in even deals and backwards in odd ones (program 0 gets items 0, 2P−1, 2P, 4P−1, …).
+    With the longest items first, a program that drew a long item in one deal draws a short one in
+    the next, and the sums come out nearly equal; dealt round-robin (w, w + P, …), program 0 would
+    get the longest item of every deal. An item past the last one means: nothing this deal."""
+    program, programs = gl.program_id(0), gl.num_programs(0)
+    backwards = deal % 2
+    return deal * programs + program + backwards * (programs - 1 - 2 * program)
+# --8<-- [end:dealt_item]
+
+
 # --8<-- [start:loader]
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
@@ -107,23 +121,25 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
     block_n: gl.constexpr = k_smem.shape[3]
     loaded = 0  # K/V tiles this program has loaded: tile number `loaded` goes to stage loaded % stages
     started = 0  # work items this program has begun
-    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k,
-                                                                      CAUSAL, 2 * rows_per_wg, block_n)
-        mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
-        mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
-        _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
-        for t in range(n_tiles):
-            stage = loaded % stages
-            # the (loaded // stages)-th refill of this stage waits for the release of the tile before
-            mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
-            full = full_bars.index(stage)
-            mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
-            _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
-            loaded += 1
-        started += 1
+    for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
+        w = _dealt_item(deal)
+        if w < n_items:
+            batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
+                w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
+            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
+            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
+            _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
+            for t in range(n_tiles):
+                stage = loaded % stages
+                # the (loaded // stages)-th refill of this stage waits for the release of the tile before
+                mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
+                full = full_bars.index(stage)
+                mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
+                _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+                loaded += 1
+            started += 1
 # --8<-- [end:loader]
 
 
@@ -157,7 +173,8 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
     acc = warpgroup_mma(p_prev, v_smem.index(prev).reshape([block_n, head_dim]), acc, is_async=True)
     s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_t is done; P̃_{t-1} V_{t-1} may still run
     if MASKED:
-        s = _hide_invisible(s * qk_scale, t, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, no_scores.type.layout))
+        cols_layout: gl.constexpr = gl.SliceLayout(0, no_scores.type.layout)
+        s = _hide_invisible(s * qk_scale, t, offs_m, n_q, n_k, CAUSAL, block_n, cols_layout)
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
         p = gl.exp2(s - shift[:, None])
@@ -175,14 +192,13 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
-              CAUSAL: gl.constexpr):
-    """One warpgroup, for each of this program's work items: query rows [first_row + 64·WG, +64)
-    against every key tile they may see, tiles [0, n_full) unmasked and [n_full, n_tiles) masked,
-    both in FA3's overlapped order; then O / ℓ to memory."""
+def _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles, n_q, n_k,
+                 qk_scale, CAUSAL: gl.constexpr):
+    """One warpgroup's 64 query rows from row0 on against the key tiles of one work item, which are
+    the program's ring tiles used, used + 1, …: tiles [0, n_full) unmasked, [n_full, n_tiles)
+    masked, both in FA3's overlapped order. Returns the un-normalised O and the row sums ℓ."""
     dtype: gl.constexpr = k_smem.dtype
-    rows_per_wg: gl.constexpr = q_smem.shape[3]
+    rows_per_wg: gl.constexpr = q.shape[0]
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
     head_dim: gl.constexpr = k_smem.shape[4]
@@ -194,56 +210,75 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
                                                        instr_shape=[16, head_dim, 16])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     s_rows: gl.constexpr = gl.SliceLayout(1, s_layout)
-    o_rows: gl.constexpr = gl.SliceLayout(1, o_layout)
 
-    q = q_smem.index(WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block as a matrix
+    offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
     no_scores = gl.zeros([rows_per_wg, block_n], gl.float32, s_layout)  # S starts empty (use_acc=False)
-    used = 0  # K/V tiles of the ring this program has used, as the loader counts them
-    started = 0
-    for w in range(gl.program_id(0), n_items, gl.num_programs(0)):
-        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k,
-                                                                      CAUSAL, 2 * rows_per_wg, block_n)
-        row0 = first_row + WG * rows_per_wg
-        offs_m = row0 + gl.arange(0, rows_per_wg, s_rows)
-        m_i = gl.full([rows_per_wg], float("-inf"), gl.float32, s_rows)  # running max, log₂ units
-        l_i = gl.zeros([rows_per_wg], gl.float32, s_rows)  # running Σ 2^(s − m)
-        acc = gl.zeros([rows_per_wg, head_dim], gl.float32, o_layout)  # un-normalised O
-        mbarrier.wait(q_full, started & 1)
-        if n_tiles > 0:
-            # tile 0 on its own: its P̃ V is issued together with tile 1's scores
-            mbarrier.wait(full_bars.index(used % stages), (used // stages) & 1)
-            k_0 = k_smem.index(used % stages).reshape([block_n, head_dim]).permute((1, 0))
-            s = warpgroup_mma(q, k_0, no_scores, use_acc=False) * qk_scale
-            if n_full == 0:
-                s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, s_layout))
-            m_i = gl.max(s, axis=1)
-            p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
-            l_i = gl.sum(p, axis=1)
-            p_prev = gl.convert_layout(p.to(dtype), p_layout)
-            for t in range(1, n_full):  # tiles every row sees in full: no mask
-                acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
-                                                         p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
-                                                         False, CAUSAL)
-            for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal and the ragged end
-                acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
-                                                         p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
-                                                         True, CAUSAL)
-            mbarrier.arrive(q_empty, count=1)  # every S of this item is done: the loader may bring the next Q
-            last = (used + n_tiles - 1) % stages
-            acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
-            mbarrier.arrive(empty_bars.index(last), count=1)
-        else:
-            mbarrier.arrive(q_empty, count=1)  # rows that see no key: Q is not needed
-        used += n_tiles
-        started += 1
+    m_i = gl.full([rows_per_wg], float("-inf"), gl.float32, s_rows)  # running max, log₂ units
+    l_i = gl.zeros([rows_per_wg], gl.float32, s_rows)  # running Σ 2^(s − m)
+    acc = gl.zeros([rows_per_wg, head_dim], gl.float32, o_layout)  # un-normalised O
+    if n_tiles > 0:
+        # tile 0 on its own: its P̃ V is issued together with tile 1's scores
+        mbarrier.wait(full_bars.index(used % stages), (used // stages) & 1)
+        k_0 = k_smem.index(used % stages).reshape([block_n, head_dim]).permute((1, 0))
+        s = warpgroup_mma(q, k_0, no_scores, use_acc=False) * qk_scale
+        if n_full == 0:
+            s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, s_layout))
+        m_i = gl.max(s, axis=1)
+        p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
+        l_i = gl.sum(p, axis=1)
+        p_prev = gl.convert_layout(p.to(dtype), p_layout)
+        for t in range(1, n_full):  # tiles every row sees in full: no mask
+            acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                     p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
+                                                     False, CAUSAL)
+        for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal and the ragged end
+            acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                     p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
+                                                     True, CAUSAL)
+        mbarrier.arrive(q_empty, count=1)  # every S of this item is done: the loader may bring the next Q
+        last = (used + n_tiles - 1) % stages
+        acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
+        mbarrier.arrive(empty_bars.index(last), count=1)
+    else:
+        mbarrier.arrive(q_empty, count=1)  # rows that see no key: Q is not needed
+    return acc, l_i
 
-        l_o = gl.convert_layout(l_i, o_rows)
-        out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
-        rows = row0 + gl.arange(0, rows_per_wg, o_rows)
-        cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, o_layout))
-        o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
-        ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
-        gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
+
+@gluon.jit
+def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
+              CAUSAL: gl.constexpr):
+    """One warpgroup, for each work item dealt to this program: its 64 query rows (the WG-th half of
+    the item's Q tile) through `_attend_item`, then O / ℓ to memory."""
+    dtype: gl.constexpr = k_smem.dtype
+    rows_per_wg: gl.constexpr = q_smem.shape[3]
+    block_n: gl.constexpr = k_smem.shape[3]
+    head_dim: gl.constexpr = k_smem.shape[4]
+    q = q_smem.index(WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block as a matrix
+    used = 0  # K/V tiles of the ring this program has used, counted as the loader counts them
+    started = 0  # work items this program has begun
+    for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
+        w = _dealt_item(deal)
+        if w < n_items:
+            batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
+                w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
+            row0 = first_row + WG * rows_per_wg
+            mbarrier.wait(q_full, started & 1)
+            acc, l_i = _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles,
+                                    n_q, n_k, qk_scale, CAUSAL)
+            used += n_tiles
+            started += 1
+
+            o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+            l_o = gl.convert_layout(l_i, o_rows)
+            out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
+            rows = row0 + gl.arange(0, rows_per_wg, o_rows)
+            cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, acc.type.layout))
+            o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
+            ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
+            gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
+
+
 # --8<-- [end:consumer]
 
 
