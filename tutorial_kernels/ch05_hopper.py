@@ -69,10 +69,8 @@ def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.const
     values fit in L2 together; items go section by section, and within a section query tile by
     query tile, every pair of one tile before the next. So the programs running at any moment
     share one section's K/V through L2; and, causal, a section's tiles that see the most keys come
-    first. Programs take the next untaken item whenever they finish one (the loader's atomic
-    counter), so with the longest items first, the items that run last anywhere are short ones and
-    the programs finish nearly together: longest-processing-time-first list scheduling (Graham
-    1969)."""
+    first (longest-processing-time-first, Graham 1969), which `_dealt_item` turns into nearly equal
+    sums per program."""
     n_m = gl.cdiv(n_q, block_m)
     first_bh = (w // (section * n_m)) * section
     pairs = gl.minimum(section, n_bh - first_bh)  # the last section may be smaller
@@ -94,51 +92,54 @@ def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.const
 # --8<-- [end:work_item]
 
 
+# --8<-- [start:dealt_item]
+@gluon.jit
+def _dealt_item(deal):
+    """The work item this program takes in deal number `deal`: items are dealt to the P programs like
+    cards, forwards in even deals and backwards in odd ones (program 0 gets items 0, 2P−1, 2P, 4P−1, …).
+    With the longest items first, a program that drew a long item in one deal draws a short one in
+    the next, and the sums come out nearly equal; dealt round-robin (w, w + P, …), program 0 would
+    get the longest item of every deal. An item past the last one means: nothing this deal."""
+    program, programs = gl.program_id(0), gl.num_programs(0)
+    backwards = deal % 2
+    return deal * programs + program + backwards * (programs - 1 - 2 * program)
+# --8<-- [end:dealt_item]
+
+
 # --8<-- [start:loader]
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem,
-            next_item_ptr, n_items, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
-    """One warp. For each work item this program takes, first itself (w = program_id) and then
-    the next untaken one from the counter at next_item_ptr: once both consumer warpgroups have
-    computed their last scores with the previous Q tile, the item's number into item_smem and both
-    halves of its Q tile in; then each K/V tile into the next stage of the ring as soon as both
-    consumers have released the tile that was there. The ring runs on across items, so the next
-    item's first tiles arrive while the consumers finish this one. Coordinates are (batch, head,
-    row, column) in the tensors' own shapes, so the copy engine fills rows past n_q or n_k with
-    zeros instead of reading another head's. When no item is left: n_items into item_smem."""
+def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+    """One warp, for each of this program's work items: both halves of its Q tile, once both consumer
+    warpgroups have computed their last scores with the previous item's; then each K/V tile into
+    the next stage of the ring as soon as both have released the tile that was there. The ring runs
+    on across items, so the next item's first tiles arrive while the consumers finish this one.
+    Coordinates are (batch, head, row, column) in the tensors' own shapes, so the copy engine fills
+    rows past n_q or n_k with zeros instead of reading another head's."""
     rows_per_wg: gl.constexpr = q_smem.shape[3]
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
-    one_warp: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
     loaded = 0  # K/V tiles this program has loaded: tile number `loaded` goes to stage loaded % stages
     started = 0  # work items this program has begun
-    w = gl.program_id(0)
-    while w < n_items:
-        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
-            w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
-        mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
-        item_smem.store(gl.zeros([1], gl.int32, one_warp) + w)
-        # expect() is also this warp's arrival, a release: a consumer that sees the phase complete sees w
-        mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
-        _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
-        _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
-        next_w = gl.atomic_add(next_item_ptr, 1) + gl.num_programs(0)  # items < P went to programs directly
-        for t in range(n_tiles):
-            stage = loaded % stages
-            # the (loaded // stages)-th refill of this stage waits for the release of the tile before
-            mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
-            full = full_bars.index(stage)
-            mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
-            _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
-            loaded += 1
-        started += 1
-        w = next_w
-    mbarrier.wait(q_empty, (started + 1) & 1)  # the consumers have read the last item's number
-    item_smem.store(gl.zeros([1], gl.int32, one_warp) + n_items)
-    mbarrier.arrive(q_full, count=1)  # "no item left", with no bytes to wait for
-
-
+    for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
+        w = _dealt_item(deal)
+        if w < n_items:
+            batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
+                w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
+            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
+            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
+            _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
+            for t in range(n_tiles):
+                stage = loaded % stages
+                # the (loaded // stages)-th refill of this stage waits for the release of the tile before
+                mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
+                full = full_bars.index(stage)
+                mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+                _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
+                _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+                loaded += 1
+            started += 1
 # --8<-- [end:loader]
 
 
@@ -244,42 +245,38 @@ def _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, 
 
 
 @gluon.jit
-def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr, stride_ob,
-              stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
+def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
-    """One warpgroup, for each work item the loader takes (its number in item_smem once the item's
-    Q tile is in): its 64 query rows (the WG-th half of the tile) through `_attend_item`, then O / ℓ
-    to memory."""
+    """One warpgroup, for each work item dealt to this program: its 64 query rows (the WG-th half of
+    the item's Q tile) through `_attend_item`, then O / ℓ to memory."""
     dtype: gl.constexpr = k_smem.dtype
     rows_per_wg: gl.constexpr = q_smem.shape[3]
     block_n: gl.constexpr = k_smem.shape[3]
     head_dim: gl.constexpr = k_smem.shape[4]
     q = q_smem.index(WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block as a matrix
-    all_warps: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     used = 0  # K/V tiles of the ring this program has used, counted as the loader counts them
     started = 0  # work items this program has begun
-    mbarrier.wait(q_full, 0)
-    w = gl.max(item_smem.load(all_warps), axis=0)  # the loader's first item: this program's own
-    while w < n_items:
-        batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
-            w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
-        row0 = first_row + WG * rows_per_wg
-        acc, l_i = _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles,
-                                n_q, n_k, qk_scale, CAUSAL)
-        used += n_tiles
-        started += 1
+    for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
+        w = _dealt_item(deal)
+        if w < n_items:
+            batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
+                w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
+            row0 = first_row + WG * rows_per_wg
+            mbarrier.wait(q_full, started & 1)
+            acc, l_i = _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles,
+                                    n_q, n_k, qk_scale, CAUSAL)
+            used += n_tiles
+            started += 1
 
-        o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-        l_o = gl.convert_layout(l_i, o_rows)
-        out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
-        rows = row0 + gl.arange(0, rows_per_wg, o_rows)
-        cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, acc.type.layout))
-        o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
-        ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
-        gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
-
-        mbarrier.wait(q_full, started & 1)  # the next item's Q tile is in, or the loader says none is left
-        w = gl.max(item_smem.load(all_warps), axis=0)
+            o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
+            l_o = gl.convert_layout(l_i, o_rows)
+            out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
+            rows = row0 + gl.arange(0, rows_per_wg, o_rows)
+            cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, acc.type.layout))
+            o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
+            ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
+            gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
 
 
 # --8<-- [end:consumer]
@@ -288,53 +285,49 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, it
 # Worker partitions take no compile-time arguments (Triton 3.6), so the second consumer warpgroup
 # and the loader get one small wrapper per value of CAUSAL.
 @gluon.jit
-def _consumer_1_causal(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr,
-                       stride_ob, stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k,
-                       qk_scale):
-    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr, stride_ob,
-              stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
+def _consumer_1_causal(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                       stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
 
 
 @gluon.jit
-def _consumer_1_full(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr,
-                     stride_ob, stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k,
-                     qk_scale):
-    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr, stride_ob,
-              stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
+def _consumer_1_full(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                     stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr,
-                stride_ob, stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k,
-                qk_scale, CAUSAL: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem, o_ptr, stride_ob,
-              stride_oh, stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
+def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, CAUSAL: gl.constexpr):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
 
 
 @gluon.jit
 def _loader_causal(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                   item_smem, next_item_ptr, n_items, n_bh, section, n_heads, group_size, n_q, n_k):
-    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem,
-            next_item_ptr, n_items, n_bh, section, n_heads, group_size, n_q, n_k, True)
+                   n_items, n_bh, section, n_heads, group_size, n_q, n_k):
+    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, True)
 
 
 @gluon.jit
 def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                 item_smem, next_item_ptr, n_items, n_bh, section, n_heads, group_size, n_q, n_k):
-    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, item_smem,
-            next_item_ptr, n_items, n_bh, section, n_heads, group_size, n_q, n_k, False)
+                 n_items, n_bh, section, n_heads, group_size, n_q, n_k):
+    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, False)
 
 
 # --8<-- [start:kernel]
 @gluon.jit
-def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om, next_item_ptr,
+def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om,
                       n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr):
     """A persistent program: a loader warp and two consumer warpgroups that run work items (128-row
-    query tiles of one (batch, head), see `_work_item`), first item program_id, then whichever is
-    next untaken (next_item_ptr: a zeroed int32 counter) until none is left, with one set of
-    barriers and one ring of K/V stages for all of them. Q, K and V arrive
+    query tiles of one (batch, head), see `_work_item`) as they are dealt to it (`_dealt_item`), with
+    one set of barriers and one ring of K/V stages for all of them. Q, K and V arrive
     through 4-D TMA descriptors over the (B, H, N, d) tensors as they are, strides and all: one
     (1, 1, rows, d) block per copy."""
     rows_per_wg: gl.constexpr = q_desc.block_type.shape[2]
@@ -350,7 +343,6 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    item_smem = gl.allocate_shared_memory(gl.int32, [1], gl.SwizzledSharedLayout(1, 1, 1, [0]))  # loader → consumers
     mbarrier.init(q_full, count=1)  # completed by the Q tile's bytes arriving
     mbarrier.init(q_empty, count=2)  # completed when both consumers are done with the Q tile
     for i in gl.static_range(STAGES):
@@ -359,9 +351,9 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     fence_async_shared()  # the barriers' initialisation, visible to the TMA unit before it signals them
 
     items = (n_items, n_bh, section, n_heads, group_size, n_q, n_k)
-    barriers = (q_full, q_empty, full_bars, empty_bars, item_smem)
-    consumer_args = (q_smem, k_smem, v_smem) + barriers + (o_ptr, stride_ob, stride_oh, stride_om) + items + (qk_scale,)
-    loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem) + barriers + (next_item_ptr,) + items
+    consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
+                     stride_om) + items + (qk_scale,)
+    loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars) + items
     # the default partition (this program's 4 warps) is consumer 0; the workers are consumer 1 (4
     # warps) and the loader (1 warp), each with its own register budget
     if CAUSAL:
@@ -445,11 +437,12 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
             section: int | None = None) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
-    One program per SM (the shared memory of one fills an SM) unless `programs` says otherwise.
-    Sections (see `_work_item`), unless `section` says otherwise: causal, as many (batch, head)
-    pairs as keep their K and V within half the L2 cache, the other half left to the Q and O
-    streams; not causal, where every item costs the same and no order needs to put long ones first,
-    one pair, so that the programs running together share as few heads' K and V as possible."""
+    Causal, with the K and V of all heads within half the L2 cache (the other half left to the Q
+    and O streams): one program per SM (the shared memory of one fills an SM), every item in one
+    section, so the longest-first order is global and the dealing balances it. Otherwise one
+    program per item and sections of one (batch, head): the GPU starts each program as an SM frees
+    up, in order, which balances causal items of one head as well, and the programs running at once
+    share few heads' K and V. `programs` and `section` override the choice (tests, probes)."""
     batch, heads, n_q, head_dim = q.shape
     group_size, n_k = heads // k.shape[1], k.shape[2]
     q_layout, kv_layout = _shared_layouts(q.dtype)
@@ -458,14 +451,11 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
     v_desc = TensorDescriptor.from_tensor(v, [1, 1, BLOCK_N, head_dim], kv_layout)
     sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
-    programs = min(n_items, programs or sm_count)
-    if section is None and causal:
-        kv_bytes_per_head = 2 * n_k * head_dim * q.element_size() / group_size  # K and V, shared by a group
-        section = int(l2_bytes / 2 // kv_bytes_per_head)
-    section = max(1, min(section or 1, batch * heads))
-    next_item = torch.zeros(1, dtype=torch.int32, device=q.device)  # the programs' shared item counter
+    persistent = causal and 2 * k.numel() * k.element_size() <= l2_bytes / 2  # K and V
+    programs = min(n_items, programs or (sm_count if persistent else n_items))
+    section = max(1, min(section or (batch * heads if persistent else 1), batch * heads))
     _flash_hopper_fwd[(programs,)](
-        q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), out.stride(2), next_item,
+        q_desc, k_desc, v_desc, out, out.stride(0), out.stride(1), out.stride(2),
         batch * heads, section, heads, group_size, n_q, n_k, sm_scale * LOG2_E,
         CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )

@@ -50,8 +50,7 @@ def test_matches_float64_reference(shape, causal, dtype, layout):
 @pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 3, 3, 300, 130), (1, 2, 1, 1000, 1000)],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
 def test_programs_that_run_several_work_items_carry_the_ring_and_q_across_them(shape, causal, programs, section):
-    # The launch is persistent: with fewer programs than work items, each program takes several from
-    # the shared counter, and
+    # The launch is persistent: with fewer programs than work items, each program runs several, and
     # its barriers' phases and the K/V ring run on from one item to the next, through items with
     # different numbers of key tiles and (causal, n_q > n_k) items whose rows see no key at all;
     # sections of 1, 3 or 4 (batch, head) pairs leave a smaller last section in some shapes.
