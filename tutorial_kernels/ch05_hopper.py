@@ -437,8 +437,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
             section: int | None = None) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
-    Causal, with the K and V of all heads within half the L2 cache (the other half left to the Q
-    and O streams): one program per SM (the shared memory of one fills an SM), every item in one
+    Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory of one fills an SM), every item in one
     section, so the longest-first order is global and the dealing balances it. Otherwise one
     program per item and sections of one (batch, head): the GPU starts each program as an SM frees
     up, in order, which balances causal items of one head as well, and the programs running at once
@@ -451,7 +450,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
     v_desc = TensorDescriptor.from_tensor(v, [1, 1, BLOCK_N, head_dim], kv_layout)
     sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
-    persistent = causal and 2 * k.numel() * k.element_size() <= l2_bytes / 2  # K and V
+    persistent = causal and 2 * k.numel() * k.element_size() <= l2_bytes  # K and V
     programs = min(n_items, programs or (sm_count if persistent else n_items))
     section = max(1, min(section or (batch * heads if persistent else 1), batch * heads))
     _flash_hopper_fwd[(programs,)](
