@@ -36,3 +36,17 @@ def test_head_dim_split_probe_variants():
     x = random_qkv(1, 2, 40, 40, 80, torch.float16)
     ref = reference_attention(x.q, x.k, x.v, True)
     assert_close(probe.one_padded_block(x.q, x.k, x.v, True), ref, torch.float16, seed=x.seed)
+
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9),
+                    reason="the Hopper kernel (Gluon) runs on GPUs of compute capability 9.x only")
+def test_hopper_prefill_shape_probe_implementations():
+    probe = _tool("probe_hopper_prefill_shape")
+    x = random_qkv(1, 8, 300, 300, 128, torch.bfloat16, "cuda", layout="bnhd")
+    k, v = x.k[:, :2], x.v[:, :2]  # 4 query heads per key/value head, as in the probe
+    ref = reference_attention(x.q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1), True)
+    out = torch.empty_like(x.q)
+    for label, call in probe.implementations(x.q, k, v, out, 128 ** -0.5).items():
+        out.fill_(float("nan"))
+        result = call()
+        assert_close(out if result is None else result, ref, torch.bfloat16, seed=x.seed, what=label)
