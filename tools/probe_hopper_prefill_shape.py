@@ -107,6 +107,7 @@ def main() -> None:
         del q, k, v, out, calls, ref
         torch.cuda.empty_cache()
     info = bench.provenance("probe-hopper-prefill-shape", [])
+    info.pop("peak_extra_memory")  # not measured here
     info["command"] = "python3 tools/probe_hopper_prefill_shape.py " + " ".join(sys.argv[1:])
     info["timing"] = ("GPU time: triton.testing.do_bench_cudagraph (rep 100 ms, median) per call, 3 rounds in rotated "
                       "order, ms = median of rounds; speed_vs_cudnn = cuDNN's ms / this ms")

@@ -51,10 +51,11 @@ BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q + 3 × 64 KiB of K/V = 224 of the 227 KiB a program may have
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
 # From this many queries and keys on, the model adapter prefers this kernel to chapter 5's Triton
-# kernel: below it, with causal masks, the loop's first and last steps (which overlap nothing) weigh
-# more and the Triton kernel was faster on the H100 (data/ch05_hopper.json, N = 1024 causal); a
-# decoding step (one query) fills one 128-row tile with a single row, never measured here.
-MIN_KEYS = 2048
+# kernel. At the prefill models' attention shape on the H100 it was faster from 1024 tokens on and
+# slower at 512, where each work item has at most 4 key tiles and the loop's first and last steps,
+# which overlap nothing, weigh most (data/ch05_hopper_prefill_shape.json). A decoding step (one
+# query) would fill a 128-row tile with a single row: never measured, left to the Triton kernel.
+MIN_KEYS = 1024
 
 
 # --8<-- [start:work_item]
