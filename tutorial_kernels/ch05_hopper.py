@@ -366,15 +366,15 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
 # --8<-- [end:kernel]
 
 
-def _on_hopper(t: torch.Tensor) -> bool:
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] == 9
+@functools.lru_cache(maxsize=None)
+def _compute_capability(device_index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device_index)
 
 
 def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """None if `flash_attn_hopper` can run these (already validated) inputs, else why not."""
-    if not all(_on_hopper(t) for t in (q, k, v)):
-        where = (f"compute capability {torch.cuda.get_device_capability(q.device)}" if q.is_cuda else "the CPU")
-        return f"needs CUDA tensors on a GPU of compute capability 9.x (Hopper), got {q.device} ({where})"
+    """None if `flash_attn_hopper` can run these (already validated) inputs, else why not. Cheap
+    enough for every layer of a model to ask: the properties of a call first, the device's last and
+    remembered."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"runs torch.float16 and torch.bfloat16 only, got {q.dtype}"
     if q.shape[3] != HEAD_DIM:
@@ -386,6 +386,9 @@ def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
                     f"strides {t.stride()}")
         if t.data_ptr() % 16:
             return f"needs {name} 16-byte aligned for TMA, got address {t.data_ptr():#x}"
+    if not (q.is_cuda and _compute_capability(q.device.index)[0] == 9):
+        where = f"compute capability {_compute_capability(q.device.index)}" if q.is_cuda else "the CPU"
+        return f"needs CUDA tensors on a GPU of compute capability 9.x (Hopper), got {q.device} ({where})"
     return None
 
 

@@ -851,6 +851,38 @@ def hopper_schedule(data: dict | None = None) -> go.Figure:
                        bottom=170, legend_y=-0.32)
 
 
+PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.json → bar colour
+    "Hopper kernel (ch. 5), as launched": "#d62728",
+    "Hopper kernel, forced persistent": "#ff9896",
+    "Hopper kernel, forced one program per item": "#8c564b",
+    "FlashAttention-2 tuned, Triton (ch. 5)": "#ff7f0e",
+    "torch SDPA, as transformers calls it": PROVIDER_COLOURS["sdpa-cudnn"],
+}
+
+
+@figure("ch05-hopper-prefill-shape")
+def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
+    """Speed relative to cuDNN at the prefill models' attention shape (1 × 32 query heads, 8 key/value
+    heads, d = 128, causal, bfloat16), GPU time through CUDA graphs, one group of bars per length
+    (data/ch05_hopper_prefill_shape.json, tools/probe_hopper_prefill_shape.py)."""
+    data = data or load_data("ch05_hopper_prefill_shape")
+    lengths = sorted({r["n"] for r in data["results"]})
+    fig = go.Figure()
+    for label, colour in PREFILL_SHAPE_COLOURS.items():
+        by_n = {r["n"]: r for r in data["results"] if r["provider"] == label}
+        fig.add_trace(go.Bar(
+            x=[f"N = {n}" for n in lengths], y=[by_n[n]["speed_vs_cudnn"] if n in by_n else None for n in lengths],
+            customdata=[by_n[n]["ms"] * 1e3 if n in by_n else None for n in lengths], name=label,
+            marker_color=colour, hovertemplate="%{x}: %{y:.3f}× cuDNN, %{customdata:.1f} µs<extra>" + label + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color=PROVIDER_COLOURS["sdpa-cudnn"],
+                  annotation_text="cuDNN", annotation_position="top left")
+    fig.update_yaxes(title="speed relative to cuDNN (its time / ours)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=540, margin=dict(b=170, t=150))
+    _layout(fig, data, "Prefill attention shape (32 query heads, 8 key/value heads, d = 128, causal) on an H100")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
+    return fig
+
+
 def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
     """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
     chapter's targets cover, N ≥ BAR_MIN_N."""
