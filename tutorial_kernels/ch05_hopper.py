@@ -15,7 +15,13 @@ Triton's Gluon dialect lets us write its schedule ourselves:
   two tiles ahead of the other, and one's products may overlap the other's softmax;
 * inside a consumer, FA3's order: issue S_t = Q K_tᵀ, then O += P̃_{t-1} V_{t-1}, both asynchronous;
   wait for S_t only, and compute its softmax while P̃_{t-1} V_{t-1} is still on the tensor cores;
-  then wait for that product and rescale O by α_t.
+  then wait for that product and rescale O by α_t;
+* persistent programs (FA3 §3.1 uses them too): a program runs one *work item* (a 128-row query
+  tile of one head) after another with the same barriers and the same ring, so the next item's
+  tiles load while this one finishes. Causal items differ in length, so they go longest first and
+  are dealt to the programs forwards and backwards in turn, which balances the programs' sums.
+  `_launch` uses this where all of K and V fit in the L2 cache, and one program per item elsewhere
+  (measured: data/ch05_hopper_prefill_shape.json; BENCHMARKS.md, sixth session).
 
 Q, K and V are read in place through 4-D TMA descriptors with their own strides, so the contiguous
 (B, H, N, d) layout and the (B, N, H, d) layout transformers' attention layers produce both work
