@@ -20,7 +20,8 @@ Triton's Gluon dialect lets us write its schedule ourselves:
   tile of one head) after another with the same barriers and the same ring, so the next item's
   tiles load while this one finishes. Causal items differ in length, so they go longest first and
   are dealt to the programs forwards and backwards in turn, which balances the programs' sums.
-  `_launch` uses this where all of K and V fit in the L2 cache, and one program per item elsewhere
+  `_launch` uses this for causal attention whose K and V fit in the L2 cache, and one program per
+  item elsewhere
   (measured: data/ch05_hopper_prefill_shape.json; BENCHMARKS.md, sixth session).
 
 Q, K and V are read in place through 4-D TMA descriptors with their own strides, so the contiguous
@@ -56,12 +57,15 @@ ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups mak
 BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q + 3 × 64 KiB of K/V = 224 of the 227 KiB a program may have
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
-# From this many queries and keys on, the model adapter prefers this kernel to chapter 5's Triton
-# kernel. At the prefill models' attention shape on the H100 it was faster from 1024 tokens on and
-# slower at 512, where each work item has at most 4 key tiles and the loop's first and last steps,
-# which overlap nothing, weigh most (data/ch05_hopper_prefill_shape.json). A decoding step (one
-# query) would fill a 128-row tile with a single row: never measured, left to the Triton kernel.
-MIN_KEYS = 1024
+# From how many queries and keys on the model adapter prefers this kernel to chapter 5's Triton kernel
+# (`preferred_over_triton`), as measured on the H100. With persistent programs (causal, K and V within
+# the L2) it was faster from 1024 on at the prefill models' shape (data/ch05_hopper_prefill_shape.json);
+# with one program per item only from 2048 on (data/ch05_hopper.json, causal: 0.72× cuDNN at 1024
+# against the Triton kernel's 0.79×). Below that, each item has a few key tiles, and the loop's first
+# and last steps, which overlap nothing, weigh most. A decoding step (one query) would fill a 128-row
+# tile with a single row: never measured, left to the Triton kernel.
+MIN_KEYS_PERSISTENT = 1024
+MIN_KEYS = 2048
 
 
 # --8<-- [start:work_item]
@@ -95,6 +99,7 @@ def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.const
         n_full = n_k // block_n
         n_tiles = gl.cdiv(n_k, block_n)
     head = bh % n_heads
+    # one description for both sides: the loader uses kv_head, the consumers n_full
     return bh // n_heads, head, head // group_size, pid_m * block_m, n_full, n_tiles  # H_kv = H / group_size
 # --8<-- [end:work_item]
 
@@ -120,7 +125,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
     """One warp, for each of this program's work items: both halves of its Q tile, once both consumer
     warpgroups have computed their last scores with the previous item's; then each K/V tile into
     the next stage of the ring as soon as both have released the tile that was there. The ring runs
-    on across items, so the next item's first tiles arrive while the consumers finish this one.
+    on across items: the next item's Q and first K/V tiles arrive while the consumers compute this
+    item's last P̃V product and write its output.
     Coordinates are (batch, head, row, column) in the tensors' own shapes, so the copy engine fills
     rows past n_q or n_k with zeros instead of reading another head's."""
     rows_per_wg: gl.constexpr = q_smem.shape[3]
@@ -284,8 +290,6 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
             ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
             gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
-
-
 # --8<-- [end:consumer]
 
 
@@ -434,6 +438,24 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
     return props.multi_processor_count, props.L2_cache_size
 
 
+def runs_persistent(kv_bytes: int, causal: bool, l2_bytes: int) -> bool:
+    """`_launch`'s choice: persistent programs for causal attention whose K and V (kv_bytes together)
+    fit in the L2 cache, one program per work item otherwise (see `_launch`)."""
+    return causal and kv_bytes <= l2_bytes
+
+
+def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """Whether these CUDA inputs are long enough for this kernel to beat chapter 5's Triton kernel
+    (MIN_KEYS_PERSISTENT with persistent programs, MIN_KEYS without). Says nothing about whether the
+    kernel can run them: `hopper_kernel_unavailable` does."""
+    n = min(q.shape[2], k.shape[2])
+    if n >= MIN_KEYS:
+        return True
+    if n < MIN_KEYS_PERSISTENT:
+        return False
+    return runs_persistent(2 * k.numel() * k.element_size(), causal, _sm_count_and_l2_bytes(q.device.index)[1])
+
+
 @functools.lru_cache(maxsize=None)
 def _shared_layouts(dtype: torch.dtype):
     """Shared-memory layouts of the Q and the K/V blocks (the swizzle wgmma reads without bank
@@ -447,8 +469,9 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
             section: int | None = None) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
-    Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory of one fills an SM), every item in one
-    section, so the longest-first order is global and the dealing balances it. Otherwise one
+    Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory
+    of one fills an SM), every item in one section, so the longest-first order is global and the
+    dealing balances it. Otherwise one
     program per item and sections of one (batch, head): the GPU starts each program as an SM frees
     up, in order, which balances causal items of one head as well, and the programs running at once
     share few heads' K and V. `programs` and `section` override the choice (tests, probes)."""
@@ -460,7 +483,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
     v_desc = TensorDescriptor.from_tensor(v, [1, 1, BLOCK_N, head_dim], kv_layout)
     sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
-    persistent = causal and 2 * k.numel() * k.element_size() <= l2_bytes  # K and V
+    persistent = runs_persistent(2 * k.numel() * k.element_size(), causal, l2_bytes)  # K and V
     programs = min(n_items, programs or (sm_count if persistent else n_items))
     section = max(1, min(section or (batch * heads if persistent else 1), batch * heads))
     _flash_hopper_fwd[(programs,)](

@@ -32,8 +32,7 @@ from __future__ import annotations
 import torch
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned
-from tutorial_kernels.ch05_hopper import MIN_KEYS as HOPPER_MIN_KEYS
-from tutorial_kernels.ch05_hopper import flash_attn_hopper, hopper_kernel_unavailable
+from tutorial_kernels.ch05_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
 
 # Not "tutorial_flash": transformers 5 reads any implementation name containing "flash" as a request
 # for the flash-attn package (`is_flash_attention_requested`) and tries to import it from the Hub.
@@ -71,8 +70,9 @@ def tutorial_flash_attention(
 
     With autograd recording (training), the call goes through chapter 6's `flash_attention`, whose
     backward kernels give the gradients; at inference, through the forward alone: on a Hopper GPU
-    at head_dim 128 with at least `ch05_hopper.MIN_KEYS` queries and keys (prefill, not a decoding
-    step), chapter 5's Hopper kernel (FA3's schedule), elsewhere chapter 5's autotuned Triton kernel.
+    at head_dim 128 with enough queries and keys for it to be the faster (a prefill, not a decoding
+    step: `ch05_hopper.preferred_over_triton`), chapter 5's Hopper kernel (FA3's schedule), elsewhere
+    chapter 5's autotuned Triton kernel.
     """
     if dropout:
         raise ValueError(
@@ -106,7 +106,8 @@ def tutorial_flash_attention(
     # view of it: no transposing copy afterwards.
     batch, heads, _, head_dim = query.shape
     out = torch.empty((batch, n_q, heads, head_dim), dtype=query.dtype, device=query.device)
-    if query.is_cuda and min(n_q, n_k) >= HOPPER_MIN_KEYS and hopper_kernel_unavailable(query, key, value) is None:
+    on_hopper = query.is_cuda and preferred_over_triton(query, key, causal)
+    if on_hopper and hopper_kernel_unavailable(query, key, value) is None:
         flash_attn_hopper(query, key, value, causal, scaling, out=out.transpose(1, 2))  # H100/H200, head_dim 128
     elif query.is_cuda:
         flash_attn_v2_tuned(query, key, value, causal, scaling, out=out.transpose(1, 2))  # autotuned per length bucket

@@ -7,7 +7,8 @@ everywhere."""
 import pytest
 import torch
 
-from tutorial_kernels.ch05_hopper import flash_attn_hopper, hopper_kernel_unavailable
+from tutorial_kernels.ch05_hopper import (MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper, hopper_kernel_unavailable,
+                                          runs_persistent)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import assert_close, poisoned, random_qkv
 from tutorial_kernels.validation import UnsupportedShape
@@ -47,7 +48,8 @@ def test_matches_float64_reference(shape, causal, dtype, layout):
 @needs_hopper
 @pytest.mark.parametrize("programs,section", [(1, None), (2, 3), (5, 1), (7, 4)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 3, 3, 300, 130), (1, 2, 1, 1000, 1000)],
+@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 3, 3, 300, 130), (1, 2, 1, 1000, 1000),
+                                   (2, 2, 1, 100, 357)],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
 def test_programs_that_run_several_work_items_carry_the_ring_and_q_across_them(shape, causal, programs, section):
     # The launch is persistent: with fewer programs than work items, each program runs several, and
@@ -125,3 +127,25 @@ def test_bad_arguments_are_checked_before_the_device():
         flash_attn_hopper(q, q, q[:, :, :4])
     with pytest.raises(TypeError, match="torch.float16 and torch.bfloat16, got torch.float32"):
         flash_attn_hopper(q, q, q)
+
+
+def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch):
+    # From MIN_KEYS_PERSISTENT queries and keys when the launch is persistent (causal, K and V within
+    # the L2 cache), from MIN_KEYS otherwise; never below. Shapes only: meta tensors, an H100's L2.
+    from tutorial_kernels import ch05_hopper
+
+    monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
+
+    def qk(batch, heads, kv_heads, n):
+        return (torch.empty(batch, heads, n, 128, dtype=torch.bfloat16, device="meta"),
+                torch.empty(batch, kv_heads, n, 128, dtype=torch.bfloat16, device="meta"))
+
+    prefill = qk(1, 32, 8, 1500)  # K and V: 6 MiB
+    assert runs_persistent(2 * prefill[1].numel() * 2, True, 50 * 2**20)
+    assert ch05_hopper.preferred_over_triton(*prefill, causal=True)
+    assert not ch05_hopper.preferred_over_triton(*prefill, causal=False)
+    many_heads = qk(16, 16, 16, 1500)  # K and V: 188 MiB, one program per item
+    assert not ch05_hopper.preferred_over_triton(*many_heads, causal=True)
+    assert ch05_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
+    assert not ch05_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
+    assert ch05_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)

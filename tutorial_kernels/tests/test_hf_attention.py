@@ -268,6 +268,7 @@ def test_prefill_benchmark_refuses_without_a_gpu(capsys):
                     reason="the Hopper kernel (Gluon) runs on compute capability 9.x GPUs only")
 def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     import tutorial_kernels.hf_attention as adapter
+    from tutorial_kernels.ch05_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
 
     calls = []
     hopper = adapter.flash_attn_hopper
@@ -276,11 +277,11 @@ def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     config = tiny_llama(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                         max_position_embeddings=4096)
     model = build(config, seed, torch.bfloat16)
-    ids = token_ids(97, 1, adapter.HOPPER_MIN_KEYS + 37, seed)
+    ids = token_ids(97, 1, MIN_KEYS_PERSISTENT + 37, seed)
     ours = logits_with(model, NAME, input_ids=ids)
     assert len(calls) == config.num_hidden_layers, "every layer goes through the Hopper kernel"
     assert_close(ours, logits_with(model, "sdpa", input_ids=ids), torch.bfloat16, seed=seed, what="logits vs sdpa")
-    short = token_ids(97, 1, adapter.HOPPER_MIN_KEYS - 1, seed)
+    short = token_ids(97, 1, MIN_KEYS_PERSISTENT - 1, seed)
     assert_close(logits_with(model, NAME, input_ids=short), logits_with(model, "sdpa", input_ids=short),
                  torch.bfloat16, seed=seed, what="short prompt logits vs sdpa")
-    assert len(calls) == config.num_hidden_layers, "below MIN_KEYS the Triton kernel runs, not the Hopper one"
+    assert len(calls) == config.num_hidden_layers, "below MIN_KEYS_PERSISTENT the Triton kernel runs, not the Hopper one"

@@ -1,12 +1,12 @@
 """Experiment record: how chapter 5's Hopper kernel hands out its work items, and what that does to its
 speed. Compares `ch05_hopper._launch` as it stands (its default, and forced persistent launches with
-sections of one, ½ L2 or all heads) with the kernel before persistent programs ("before": one program
+all heads in one section or sections of ½ L2) with the kernel before persistent programs ("before": one program
 per 128-row tile, `tutorial_kernels/ch05_hopper.py` at commit 7ff4db9, read with `git show`), torch SDPA
 as transformers calls it and SDPA pinned to cuDNN, at the prefill models' attention shape (1 × 32 query
 heads / 8 key/value heads) and the FlashAttention-2 paper's shapes, d = 128, bfloat16. GPU time through
 CUDA graphs (see tools/probe_hopper_prefill_shape.py for why), three rotated rounds.
 
-    python3 tools/probe_hopper_scheduling.py out.json     # H100/H200 with the repository's git history; ~6 min
+    python3 tools/probe_hopper_work_items.py out.json     # H100/H200 with the repository's git history; ~6 min
 
 It grew one variant per run of the sixth session (BENCHMARKS.md); each log in
 data/logs/2026-11-22_h100_hopper_scheduling_*.json records the variants its run had. Not part of the
@@ -122,10 +122,12 @@ def main(out_path):
         results.append(row)
         del q, k, v, out, fns
         torch.cuda.empty_cache()
-    prov = dict(gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                cuda=torch.version.cuda, date_utc=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                git_commit=os.environ.get("FA_GIT_COMMIT"), command="python3 tools/probe_hopper_scheduling.py " + out_path,
-                timing="triton.testing.do_bench_cudagraph(rep=100, median), 3 rotated rounds, median of rounds")
+    from tutorial_kernels import bench
+
+    prov = bench.provenance("probe-hopper-work-items", [])
+    prov.pop("peak_extra_memory")  # not measured here
+    prov["command"] = "python3 tools/probe_hopper_work_items.py " + out_path
+    prov["timing"] = "triton.testing.do_bench_cudagraph(rep=100, median), 3 rotated rounds, median of rounds"
     json.dump(dict(provenance=prov, results=results), open(out_path, "w"), indent=1)
     print("done in", round(time.time() - t0), "s")
 
