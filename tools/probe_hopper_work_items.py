@@ -51,13 +51,10 @@ def variants(q, k, v, causal):
     scale = 1 / math.sqrt(128)
     b, h, n, d = q.shape
     out = torch.empty(b, n, h, d, device=dev, dtype=dt).transpose(1, 2)
-    n_items = triton.cdiv(n, 128) * b * h
     gqa = k.shape[1] != h
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     half = max(1, int(l2 / 2 // (2 * n * 128 * 2 / (h // k.shape[1]))))
-    quarter = max(1, int(l2 / 4 // (2 * n * 128 * 2 / (h // k.shape[1]))))
-    eighth = max(1, int(l2 / 8 // (2 * n * 128 * 2 / (h // k.shape[1]))))
     def sdpa(backend):
         def f():
             with sdpa_kernel([backend]) if backend else torch.no_grad():
