@@ -1,0 +1,124 @@
+"""Repeating a kernel launch without paying for Triton's Python dispatch again.
+
+`kernel[grid](*args)` does a good deal of Python before the GPU hears of it: it binds the arguments
+to the kernel's parameters, derives a specialisation from each one (a tensor's dtype and whether its
+address is a multiple of 16 bytes, whether an integer is 1 or a multiple of 16), hashes all that
+into a key, looks the compiled kernel up, and only then calls the compiled C launcher. On an H100
+host that is about 25 µs per call (data/launch_overhead.json), as much as the launch itself, and a
+model pays it in every layer. For a short prompt the GPU finishes a layer sooner than Python can
+issue the next one, and those microseconds become the model's latency.
+
+A caller that already knows everything that decides the launch but the tensors' addresses (the
+shapes, the strides, the dtypes, the scalars, each address's 16-byte alignment) can skip all of it:
+the first call with a given key launches the normal way and remembers the compiled kernel, the
+grid and the full argument list; later calls with that key put their tensors into the list and
+call the C launcher directly. This is what CUDA graphs do for a whole sequence of launches, done
+here for one launch, and without their constraint that the addresses stay fixed.
+
+What the key must capture is the caller's responsibility: two calls with equal keys must make the
+same specialisation and pass equal non-tensor arguments. Nothing is remembered under Triton's
+interpreter (it compiles nothing), and a launch hook (Proton, a profiler) sends every call the
+normal way, since the direct path does not call hooks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from triton import knobs
+from triton.runtime.driver import driver
+
+
+def address_aligned(t: torch.Tensor) -> bool:
+    """Whether Triton will specialise `t` as 16-byte aligned: part of every launch key, since a
+    kernel compiled for aligned addresses must not be handed an unaligned one."""
+    return t.data_ptr() % 16 == 0
+
+
+def tensor_signature(t: torch.Tensor) -> tuple:
+    """Everything about a tensor argument that can change a launch, except its address: shape,
+    strides, dtype, device and alignment."""
+    return (t.shape, t.stride(), t.dtype, t.get_device(), address_aligned(t))
+
+
+def attention_call_key(q: object, k: object, v: object, out: object, causal: object, sm_scale: object,
+                       *extra: Hashable) -> tuple | None:
+    """The launch key of an attention call `fn(q, k, v, causal, sm_scale, out=out)`: equal for two
+    calls that every check would treat alike and that launch the same specialisation with the same
+    scalars. None for arguments of a kind the full checks must see (they raise): a non-tensor, a
+    causal flag that is not a bool, a scale that is not None or a float."""
+    tensors = (q, k, v) if out is None else (q, k, v, out)
+    if not (all(isinstance(t, torch.Tensor) for t in tensors) and isinstance(causal, bool)
+            and (sm_scale is None or type(sm_scale) is float)):
+        return None
+    return (causal, sm_scale, out is None, *extra, *(tensor_signature(t) for t in tensors))
+
+
+def _replaceable(arg: object) -> bool:
+    """A tensor, or a host-side TMA descriptor over one: the arguments a relaunch replaces."""
+    return isinstance(arg, torch.Tensor) or isinstance(getattr(arg, "base", None), torch.Tensor)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    compiled: Any  # triton.compiler.CompiledKernel
+    grid: tuple[int, int, int]
+    device: int
+    arguments: tuple  # every parameter of the kernel, in order, as the launcher takes them
+    replaced: tuple[int, ...]  # the positions of the tensor (or descriptor) arguments
+
+
+class LaunchPlans:
+    """The launches of one `@triton.jit` (or Gluon) kernel, remembered by key."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self._plans: dict[Hashable, _Plan] = {}
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __contains__(self, key: Hashable | None) -> bool:
+        return key in self._plans
+
+    def launch(self, key: Hashable | None, grid: tuple[int, ...], *args, **kwargs) -> None:
+        """`kernel[grid](*args, **kwargs)`, remembered under `key` (None: not remembered) so that
+        `relaunch(key, ...)` can repeat it with other tensors."""
+        compiled = self.kernel[grid](*args, **kwargs)
+        if key is None or not hasattr(compiled, "packed_metadata"):  # the interpreter compiles nothing
+            return
+        arguments = []
+        for position, param in enumerate(self.kernel.params):
+            if position < len(args):
+                arguments.append(args[position])
+            elif param.name in kwargs:
+                arguments.append(kwargs[param.name])
+            elif param.has_default:
+                arguments.append(param.default)
+            else:
+                return  # cannot happen for a call that just compiled; remember nothing rather than guess
+        replaced = tuple(i for i, a in enumerate(arguments) if _replaceable(a))
+        self._plans[key] = _Plan(compiled, tuple(grid) + (1,) * (3 - len(grid)), driver.active.get_current_device(),
+                                 tuple(arguments), replaced)
+
+    def relaunch(self, key: Hashable, *tensors) -> bool:
+        """Launch what was remembered under `key` with `tensors` in place of its tensor (and
+        descriptor) arguments, in their order. False, having launched nothing, when nothing is
+        remembered under `key`, when another device is current, or when a launch hook is set."""
+        plan = self._plans.get(key)
+        if plan is None or knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            return False
+        device = driver.active.get_current_device()
+        if device != plan.device:  # the compiled function is loaded per device
+            return False
+        arguments = list(plan.arguments)
+        for position, tensor in zip(plan.replaced, tensors, strict=True):
+            arguments[position] = tensor
+        compiled, (g0, g1, g2) = plan.compiled, plan.grid
+        # the call Triton's JITFunction.run ends with, launch metadata None as when no hook is set
+        compiled.run(g0, g1, g2, driver.active.get_current_stream(device), compiled.function,
+                     compiled.packed_metadata, None, None, None, *arguments)
+        return True

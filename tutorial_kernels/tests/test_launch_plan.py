@@ -1,0 +1,163 @@
+"""Launches repeated without Triton's dispatch (`tutorial_kernels.launch_plan`).
+
+A remembered launch must compute exactly what the full launch computes, with any new tensors of
+the same signature; a call that differs in anything the key does not cover must not reach it; and a
+bad argument must still get the full checks' error. The relaunch itself needs compiled kernels (a
+GPU); the keys and the interpreter's behaviour are checked everywhere."""
+
+import pytest
+import torch
+
+from tutorial_kernels import ch05_flash_v2 as ch05
+from tutorial_kernels.launch_plan import LaunchPlans, attention_call_key
+from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
+from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
+
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="a remembered launch replays a compiled kernel: GPU only "
+                               "(Triton's interpreter compiles nothing, so nothing is remembered there)")
+ON_HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] == 9
+
+
+def _inputs(batch, heads, n, head_dim, dtype, layout="bhnd"):
+    x = random_qkv(batch, heads, n, n, head_dim, dtype, layout=layout)
+    return x.q, x.k, x.v, x.seed
+
+
+def test_keys_separate_what_the_checks_and_the_specialisation_tell_apart():
+    q, k, v, _ = _inputs(1, 2, 40, 32, torch.float32)
+    key = attention_call_key(q, k, v, None, True, None)
+    fresh = _inputs(1, 2, 40, 32, torch.float32)  # other tensors, same signature: same key
+    assert attention_call_key(*fresh[:3], None, True, None) == key
+    assert attention_call_key(q, k, v, None, False, None) != key
+    assert attention_call_key(q, k, v, None, True, 0.5) != key
+    assert attention_call_key(q, k.transpose(2, 3).contiguous().transpose(2, 3), v, None, True, None) != key
+    unaligned = torch.empty(q.numel() + 1, dtype=q.dtype, device=q.device)[1:].view(q.shape)  # 4 bytes off
+    assert attention_call_key(unaligned, k, v, None, True, None) != key
+    out = torch.empty_like(q)
+    assert attention_call_key(q, k, v, out, True, None) not in (key, None)
+    # arguments whose errors only the full checks give: no key, so never a remembered launch
+    assert attention_call_key(q, k, v, None, 1, None) is None  # causal must be a bool
+    assert attention_call_key(q, k, v, None, True, 1) is None  # an int scale goes through the checks
+    assert attention_call_key(q, k, v, None, True, True) is None
+    assert attention_call_key(q.tolist(), k, v, None, True, None) is None
+    assert attention_call_key(q, k, v, "out", True, None) is None
+
+
+@pytest.mark.skipif(not interpreter_active(), reason="checks the interpreter's behaviour (no GPU here to skip it)")
+def test_nothing_is_remembered_under_the_interpreter():
+    plans = LaunchPlans(ch05._flash_v2_fwd_kernel)
+    q, k, v, seed = _inputs(1, 2, 40, 32, torch.float32)
+    for _ in range(3):
+        out = ch05.flash_attn_v2_tuned(q, k, v, True)
+    assert_close(out, reference_attention(q, k, v, True), torch.float32, seed=seed)
+    assert len(plans) == 0 and len(ch05._tuned_launches) == 0
+
+
+def _full_launch_only(monkeypatch, module, name):
+    """Give `module.name` an empty LaunchPlans: every call then launches the full way."""
+    monkeypatch.setattr(module, name, LaunchPlans(getattr(module, name).kernel))
+
+
+def _forbid_triton_dispatch(monkeypatch, kernel):
+    def refuse(*args, **kwargs):
+        raise AssertionError("the remembered launch went through Triton's dispatch")
+    monkeypatch.setattr(type(kernel), "run", refuse)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("case", [(1, 3, 1, 64, "bhnd", False), (2, 4, 100, 80, "bnhd", True),
+                                  (1, 8, 300, 128, "bhnd", True), (2, 2, 257, 256, "bnhd", False)],
+                         ids=lambda c: "b{}h{}n{}d{}-{}-{}".format(*c[:5], "out" if c[5] else "new"))
+def test_a_remembered_launch_computes_what_the_full_launch_computes(monkeypatch, case, dtype):
+    batch, heads, n, head_dim, layout, with_out = case
+    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    outputs = []
+    for call in range(3):  # the autotuner's call, the call that is remembered, the repeat
+        q, k, v, seed = _inputs(batch, heads, n, head_dim, dtype, layout)
+        out = poisoned((batch, n, heads, head_dim), dtype, "cuda").transpose(1, 2) if with_out else None
+        if call == 2:
+            assert len(ch05._tuned_launches) == 1
+            _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+        o = ch05.flash_attn_v2_tuned(q, k, v, True, out=out)
+        assert out is None or o is out
+        assert_close(o, reference_attention(q, k, v, True), dtype, seed=seed)
+        outputs.append((q, k, v, o.clone()))
+    monkeypatch.undo()  # the full launch again, for the same inputs: the same bits
+    q, k, v, o = outputs[-1]
+    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    torch.testing.assert_close(ch05.flash_attn_v2_tuned(q, k, v, True), o, rtol=0, atol=0)
+
+
+@needs_gpu
+def test_another_alignment_or_lse_is_another_launch(monkeypatch):
+    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
+    for _ in range(2):
+        ch05.flash_attn_v2_tuned(q, k, v)
+    # the same shapes and strides, but an address 2 bytes past a 16-byte boundary: Triton compiled
+    # the remembered kernel for aligned addresses, so this call must not reach it
+    q2 = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape).copy_(q)
+    for _ in range(2):
+        assert_close(ch05.flash_attn_v2_tuned(q2, k, v), reference_attention(q, k, v), torch.float16, seed=seed)
+    for _ in range(2):  # the log-sum-exp is a third tensor argument: another key, another launch
+        _, lse = ch05.flash_attn_v2_with_lse(q, k, v, tuned=True)
+    assert_close(lse.double(), reference_log_sum_exp(reference_scores(q, k, False)), torch.float16, seed=seed,
+                 what="lse")
+    assert len(ch05._tuned_launches) == 3
+
+
+@needs_gpu
+def test_bad_arguments_still_get_the_full_checks_errors_after_a_remembered_launch():
+    q, k, v, _ = _inputs(1, 2, 64, 64, torch.float16)
+    for _ in range(3):
+        ch05.flash_attn_v2_tuned(q, k, v, True)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        ch05.flash_attn_v2_tuned(q, k, v, 1)
+    with pytest.raises(TypeError, match="sm_scale must be a float or None"):
+        ch05.flash_attn_v2_tuned(q, k, v, True, True)
+    with pytest.raises(TypeError, match="k.dtype must equal q.dtype"):
+        ch05.flash_attn_v2_tuned(q, k.float(), v, True)
+    with pytest.raises(ValueError, match="out must have shape"):
+        ch05.flash_attn_v2_tuned(q, k, v, True, out=torch.empty(1, 2, 63, 64, dtype=q.dtype, device="cuda"))
+
+
+@needs_gpu
+def test_a_launch_hook_sends_calls_the_full_way(monkeypatch):
+    from triton import knobs
+
+    q, k, v, seed = _inputs(1, 2, 64, 64, torch.float16)
+    for _ in range(2):
+        ch05.flash_attn_v2_tuned(q, k, v, True)
+    seen = []
+    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: seen.append(metadata))
+    assert_close(ch05.flash_attn_v2_tuned(q, k, v, True), reference_attention(q, k, v, True), torch.float16,
+                 seed=seed)
+    assert seen, "the hook must see the launch: the remembered path does not call hooks"
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
+@pytest.mark.parametrize("shape", [(1, 4, 2, 300, 300), (1, 32, 8, 1024, 1024), (2, 2, 2, 1, 700)],
+                         ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
+def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeypatch, shape):
+    from tutorial_kernels import ch05_hopper
+
+    batch, heads, kv_heads, n_q, n_k = shape
+    _full_launch_only(monkeypatch, ch05_hopper, "_launches")
+    for call in range(3):
+        x = random_qkv(batch, heads, n_q, n_k, 128, torch.bfloat16, "cuda", layout="bnhd")
+        k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
+        out = poisoned((batch, n_q, heads, 128), torch.bfloat16, "cuda").transpose(1, 2)
+        if call == 2:
+            assert len(ch05_hopper._launches) == 1
+            _forbid_triton_dispatch(monkeypatch, ch05_hopper._flash_hopper_fwd)
+        assert ch05_hopper.flash_attn_hopper(x.q, k, v, True, out=out) is out
+        group = heads // kv_heads
+        ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
+        assert_close(out, ref, torch.bfloat16, seed=x.seed)
+    monkeypatch.undo()
+    _full_launch_only(monkeypatch, ch05_hopper, "_launches")
+    ch05_hopper._launch(x.q, k, v, True, 0.1, out, programs=1)
+    assert len(ch05_hopper._launches) == 0
+
