@@ -17,8 +17,8 @@ here for one launch, and without their constraint that the addresses stay fixed.
 
 What the key must capture is the caller's responsibility: two calls with equal keys must make the
 same specialisation and pass equal non-tensor arguments. Nothing is remembered under Triton's
-interpreter (it compiles nothing), and a launch hook (Proton, a profiler) sends every call the
-normal way, since the direct path does not call hooks.
+interpreter (it compiles nothing). Launch hooks (a profiler's, Proton's) are called as Triton calls
+them.
 """
 
 from __future__ import annotations
@@ -107,9 +107,9 @@ class LaunchPlans:
     def relaunch(self, key: Hashable, *tensors) -> bool:
         """Launch what was remembered under `key` with `tensors` in place of its tensor (and
         descriptor) arguments, in their order. False, having launched nothing, when nothing is
-        remembered under `key`, when another device is current, or when a launch hook is set."""
+        remembered under `key` or another device is current."""
         plan = self._plans.get(key)
-        if plan is None or knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+        if plan is None:
             return False
         device = driver.active.get_current_device()
         if device != plan.device:  # the compiled function is loaded per device
@@ -117,8 +117,9 @@ class LaunchPlans:
         arguments = list(plan.arguments)
         for position, tensor in zip(plan.replaced, tensors, strict=True):
             arguments[position] = tensor
-        compiled, (g0, g1, g2) = plan.compiled, plan.grid
-        # the call Triton's JITFunction.run ends with, launch metadata None as when no hook is set
-        compiled.run(g0, g1, g2, driver.active.get_current_stream(device), compiled.function,
-                     compiled.packed_metadata, None, None, None, *arguments)
+        compiled, grid, stream = plan.compiled, plan.grid, driver.active.get_current_stream(device)
+        # the call Triton's JITFunction.run ends with: launch hooks (a profiler's) are honoured
+        compiled.run(*grid, stream, compiled.function, compiled.packed_metadata,
+                     compiled.launch_metadata(grid, stream, *arguments),
+                     knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *arguments)
         return True

@@ -124,17 +124,23 @@ def test_bad_arguments_still_get_the_full_checks_errors_after_a_remembered_launc
 
 
 @needs_gpu
-def test_a_launch_hook_sends_calls_the_full_way(monkeypatch):
+def test_a_launch_hook_sees_remembered_launches(monkeypatch):
     from triton import knobs
 
     q, k, v, seed = _inputs(1, 2, 64, 64, torch.float16)
     for _ in range(2):
         ch05.flash_attn_v2_tuned(q, k, v, True)
     seen = []
-    monkeypatch.setattr(knobs.runtime, "launch_enter_hook", lambda metadata: seen.append(metadata))
+    hook = seen.append  # a profiler's launch hook (Proton's) receives each launch's metadata
+    chain = knobs.runtime.launch_enter_hook
+    if hasattr(chain, "calls"):  # recent Triton keeps a chain of hooks
+        monkeypatch.setattr(chain, "calls", [*chain.calls, hook])
+    else:
+        monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
+    _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
     assert_close(ch05.flash_attn_v2_tuned(q, k, v, True), reference_attention(q, k, v, True), torch.float16,
                  seed=seed)
-    assert seen, "the hook must see the launch: the remembered path does not call hooks"
+    assert len(seen) == 1, "a profiler's hook must see every launch, remembered ones too"
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
