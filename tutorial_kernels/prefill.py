@@ -16,8 +16,9 @@ is built once; the implementations are switched with `model.set_attn_implementat
 What is timed: `model(input_ids, attention_mask=ones, use_cache=False, logits_to_keep=1)` under
 `torch.inference_mode()`, bracketed by CUDA events, median of several repetitions after warm-up
 (the tuned kernel autotunes on its first call at each length, inside the warm-up). The
-implementations take turns in a few rounds at each length, so that none is always the one timed
-first on a GPU rested by the others' warm-up. That is the
+implementations take turns forward by forward at each length, so that none is always the one
+timed first on a GPU rested by the others' warm-up, and a burst of noise on the host or the GPU
+falls on all of them alike. That is the
 prefill step of `generate`: it too computes the logits of the last position only, since only they
 pick the next token; the full (N × vocab) projection would add a matmul that has nothing to do
 with attention (a quarter of a gigabyte of logits per 1,000 tokens for Llama-3's vocabulary).
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import torch
 
-from tutorial_kernels.bench import DATA_DIR, ROUNDS, provenance, take_turns
+from tutorial_kernels.bench import DATA_DIR, provenance
 
 IMPLEMENTATIONS = {
     "eager": "eager PyTorch (transformers)",
@@ -138,49 +139,59 @@ def warm_up(model, inputs: dict, forwards: int) -> None:
     torch.cuda.synchronize()
 
 
-def time_prefill(model, inputs: dict, *, seconds: float, min_reps: int = 2, max_reps: int = 10) -> list[float]:
-    """Times (ms) of consecutive forwards over `inputs`, CUDA events around each: as many as fit in
-    about `seconds`, at least `min_reps`. The model must be warmed up at this length."""
-    times: list[float] = []
-    reps = min_reps
+MIN_REPS, MAX_REPS = 6, 30  # timed forwards per implementation and length
+
+
+def time_forward(model, inputs: dict) -> float:
+    """One forward over `inputs`, in ms, CUDA events around it. The model must be warmed up at this length."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode():
-        while len(times) < reps:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            model(**inputs)
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-            if len(times) == 1:
-                reps = max(min_reps, min(max_reps, math.ceil(seconds * 1e3 / times[0])))
-    return times
+        start.record()
+        model(**inputs)
+        end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
 
 
 def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, seconds: float) -> dict[str, dict]:
-    """Each implementation warmed up, then timed in ROUNDS rounds taking turns (each round starting
-    with the next one), about `seconds` per implementation in all. Returns impl → row fields:
-    status "ok" with ms (median over all repetitions), ms_min, reps, peak_gib; or "oom" / "error"."""
+    """Each implementation warmed up, then timed one forward at a time, the implementations taking
+    turns (each turn starting with the next one) until each has run about `seconds` of forwards
+    (MIN_REPS to MAX_REPS of them). Forward by forward, a burst of noise on the host (a short
+    prompt's forward waits on the CPU) or on the GPU lands on every implementation alike, and
+    nothing is freed between timed forwards, so none of them pays for fresh allocations. Returns
+    impl → row fields: status "ok" with ms (median over all forwards), ms_min, reps, peak_gib; or
+    "oom" / "error"."""
     rows: dict[str, dict] = {}
     times: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
+    reps: dict[str, int] = {}
     for impl in impls:
         model.set_attn_implementation(impl)
         rows[impl] = _guarded(lambda: warm_up(model, inputs, warmup))
         if rows[impl]["status"] == "ok":
             times[impl] = []
         _free()
-    ready = list(times)
-    for impl in take_turns(ready, ROUNDS):
-        if rows[impl]["status"] != "ok":
-            continue
-        model.set_attn_implementation(impl)
-        torch.cuda.reset_peak_memory_stats()
-        got: list[float] = []
-        rows[impl] = _guarded(lambda: got.extend(time_prefill(model, inputs, seconds=seconds / ROUNDS)))
-        times[impl] += got
-        peaks[impl] = max(peaks.get(impl, 0.0), torch.cuda.max_memory_allocated() / 2**30)
-        _free()
-    for impl in ready:
+
+    def still_timing(impl: str) -> bool:
+        return rows[impl]["status"] == "ok" and len(times[impl]) < reps.get(impl, MIN_REPS)
+
+    order, turn = list(times), 0
+    while any(still_timing(impl) for impl in order):
+        first = turn % len(order)
+        for impl in order[first:] + order[:first]:
+            if not still_timing(impl):
+                continue
+            model.set_attn_implementation(impl)
+            torch.cuda.reset_peak_memory_stats()
+            got: list[float] = []
+            rows[impl] = _guarded(lambda: got.append(time_forward(model, inputs)))
+            times[impl] += got
+            if got and impl not in reps:  # the first forward sets how many fit in `seconds`
+                reps[impl] = max(MIN_REPS, min(MAX_REPS, math.ceil(seconds * 1e3 / got[0])))
+            peaks[impl] = max(peaks.get(impl, 0.0), torch.cuda.max_memory_allocated() / 2**30)
+        turn += 1
+    _free()
+    for impl in times:
         if rows[impl]["status"] == "ok":
             rows[impl].update(ms=statistics.median(times[impl]), ms_min=min(times[impl]), reps=len(times[impl]),
                               peak_gib=peaks[impl])
@@ -258,8 +269,9 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
         command=" ".join(["python -m tutorial_kernels.prefill", *argv]),
         transformers=transformers.__version__,
         timing=f"CUDA events around each forward; per length, every implementation warmed up (2 forwards, 1 "
-        f"beyond 4096 tokens), then timed in {ROUNDS} rounds taking turns in a rotated order (about "
-        f"{seconds:g} s per implementation in all, at least 2 forwards a round); ms is the median of all its forwards",
+        f"beyond 4096 tokens), then timed one forward at a time, the implementations taking turns in a rotated "
+        f"order, until each has about {seconds:g} s of forwards ({MIN_REPS} to {MAX_REPS}); nothing freed between "
+        "timed forwards; ms is the median of all its forwards",
         peak_memory="torch.cuda.max_memory_allocated during the timed forwards, weights included",
     )
     result = {
