@@ -139,7 +139,14 @@ def warm_up(model, inputs: dict, forwards: int) -> None:
     torch.cuda.synchronize()
 
 
-MIN_REPS, MAX_REPS = 6, 30  # timed forwards per implementation and length
+MIN_REPS, MAX_REPS = 6, 60  # timed forwards per implementation and length
+
+
+def turn_order(impls: list[str], turn: int) -> list[str]:
+    """a b c on even turns, a c b on odd ones: in a b c a c b … each of (up to) three implementations
+    follows each other one equally often, so a forward that leaves the GPU hot or its caches full
+    (eager's, at long prompts) comes before every contestant alike."""
+    return list(impls) if turn % 2 == 0 else [*impls[:1], *impls[:0:-1]]
 
 
 def time_forward(model, inputs: dict) -> float:
@@ -155,7 +162,8 @@ def time_forward(model, inputs: dict) -> float:
 
 def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, seconds: float) -> dict[str, dict]:
     """Each implementation warmed up, then timed one forward at a time, the implementations taking
-    turns (each turn starting with the next one) until each has run about `seconds` of forwards
+    turns (in an order where each follows each other one equally often) until each has run about
+    `seconds` of forwards
     (MIN_REPS to MAX_REPS of them). Forward by forward, a burst of noise on the host (a short
     prompt's forward waits on the CPU) or on the GPU lands on every implementation alike, and
     nothing is freed between timed forwards, so none of them pays for fresh allocations. Returns
@@ -177,8 +185,7 @@ def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, 
 
     order, turn = list(times), 0
     while any(still_timing(impl) for impl in order):
-        first = turn % len(order)
-        for impl in order[first:] + order[:first]:
+        for impl in turn_order(order, turn):
             if not still_timing(impl):
                 continue
             model.set_attn_implementation(impl)
@@ -269,9 +276,9 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
         command=" ".join(["python -m tutorial_kernels.prefill", *argv]),
         transformers=transformers.__version__,
         timing=f"CUDA events around each forward; per length, every implementation warmed up (2 forwards, 1 "
-        f"beyond 4096 tokens), then timed one forward at a time, the implementations taking turns in a rotated "
-        f"order, until each has about {seconds:g} s of forwards ({MIN_REPS} to {MAX_REPS}); nothing freed between "
-        "timed forwards; ms is the median of all its forwards",
+        "beyond 4096 tokens), then timed one forward at a time, the implementations taking turns (a b c, a c b, "
+        f"...: each follows each other equally often) until each has about {seconds:g} s of forwards "
+        f"({MIN_REPS} to {MAX_REPS}); nothing freed between timed forwards; ms is the median of all its forwards",
         peak_memory="torch.cuda.max_memory_allocated during the timed forwards, weights included",
     )
     result = {
@@ -391,7 +398,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=DATA_DIR / "prefill.json", help="JSON file to write")
     parser.add_argument("--check-length", type=int, default=2048,
                         help="prompt length of the logits check against sdpa (0: no check)")
-    parser.add_argument("--seconds", type=float, default=1.0, help="about how long to time each point")
+    parser.add_argument("--seconds", type=float, default=4.0, help="about how long to time each point")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("prefill latency is measured on a CUDA GPU (random 7-8B-parameter models in bfloat16); "

@@ -254,6 +254,19 @@ def test_prefill_models_have_their_published_shapes(key):
         (params, head_dim, group)
 
 
+@pytest.mark.parametrize("impls", [["eager", "sdpa", "ours"], ["sdpa", "ours"], ["ours"]], ids=len)
+def test_prefill_turns_let_each_implementation_follow_each_other_equally_often(impls):
+    from collections import Counter
+
+    from tutorial_kernels.prefill import turn_order
+
+    forwards = [impl for turn in range(6) for impl in turn_order(impls, turn)]
+    assert Counter(forwards) == {impl: 6 for impl in impls}
+    pairs = Counter(zip(forwards, forwards[1:] + forwards[:1]))  # (before, after), cyclically
+    wanted = {(a, b): 6 // max(1, len(impls) - 1) for a in impls for b in impls if a != b or len(impls) == 1}
+    assert pairs == wanted
+
+
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
 def test_prefill_benchmark_refuses_without_a_gpu(capsys):
     from tutorial_kernels.prefill import main
