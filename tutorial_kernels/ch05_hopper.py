@@ -58,7 +58,6 @@ HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups make a 128-row Q tile
 BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q + 3 × 64 KiB of K/V = 224 of the 227 KiB a program may have
-Q_BUFFERS = 1  # Q tiles in flight
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
 # From how many queries and keys on the model adapter prefers this kernel to chapter 5's Triton kernel
 # (`preferred_over_triton`), as measured on the H100. With persistent programs (causal, K and V within
@@ -133,7 +132,6 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
     Coordinates are (batch, head, row, column) in the tensors' own shapes, so the copy engine fills
     rows past n_q or n_k with zeros instead of reading another head's."""
     rows_per_wg: gl.constexpr = q_smem.shape[3]
-    q_buffers: gl.constexpr = q_full.shape[0]
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
     loaded = 0  # K/V tiles this program has loaded: tile number `loaded` goes to stage loaded % stages
@@ -143,12 +141,10 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
         if w < n_items:
             batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
                 w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
-            # Q buffer b was last used by the item q_buffers before this one: wait until it is done with it
-            b = started % q_buffers
-            mbarrier.wait(q_empty.index(b), ((started // q_buffers) + 1) & 1, pred=started >= q_buffers)
-            mbarrier.expect(q_full.index(b), 2 * q_desc.block_type.nbytes)
-            _tma_load(q_desc, [batch, head, first_row, 0], q_full.index(b), q_smem.index(2 * b))
-            _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full.index(b), q_smem.index(2 * b + 1))
+            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
+            mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
+            _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
             for t in range(n_tiles):
                 stage = loaded % stages
                 # the (loaded // stages)-th refill of this stage waits for the release of the tile before
@@ -273,7 +269,7 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
     rows_per_wg: gl.constexpr = q_smem.shape[3]
     block_n: gl.constexpr = k_smem.shape[3]
     head_dim: gl.constexpr = k_smem.shape[4]
-    q_buffers: gl.constexpr = q_full.shape[0]
+    q = q_smem.index(WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block as a matrix
     used = 0  # K/V tiles of the ring this program has used, counted as the loader counts them
     started = 0  # work items this program has begun
     for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
@@ -282,10 +278,8 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
                 w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
             row0 = first_row + WG * rows_per_wg
-            b = started % q_buffers
-            mbarrier.wait(q_full.index(b), (started // q_buffers) & 1)
-            q = q_smem.index(2 * b + WG).reshape([rows_per_wg, head_dim])  # TMA's (1, 1, rows, d) block
-            acc, l_i = _attend_item(q, k_smem, v_smem, q_empty.index(b), full_bars, empty_bars, used, row0, n_full, n_tiles,
+            mbarrier.wait(q_full, started & 1)
+            acc, l_i = _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles,
                                     n_q, n_k, qk_scale, CAUSAL)
             used += n_tiles
             started += 1
@@ -342,8 +336,8 @@ def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty
 @gluon.jit
 def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om,
                       n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
-                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, Q_BUFFERS: gl.constexpr,
-                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
+                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
+                      LOADER_REGS: gl.constexpr):
     """A persistent program: a loader warp and two consumer warpgroups that run work items (128-row
     query tiles of one (batch, head), see `_work_item`) as they are dealt to it (`_dealt_item`), with
     one set of barriers and one ring of K/V stages for all of them. Q, K and V arrive
@@ -355,17 +349,15 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     dtype: gl.constexpr = q_desc.dtype
     n_items = gl.cdiv(n_q, 2 * rows_per_wg) * n_bh
 
-    # Q_BUFFERS Q tiles, each as two halves (one per consumer warpgroup): index 2·buffer + half
-    q_smem = gl.allocate_shared_memory(dtype, [2 * Q_BUFFERS, 1, 1, rows_per_wg, head_dim], q_desc.layout)
+    q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows_per_wg, head_dim], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], v_desc.layout)
-    q_full = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
-    q_empty = gl.allocate_shared_memory(gl.int64, [Q_BUFFERS, 1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(Q_BUFFERS):
-        mbarrier.init(q_full.index(i), count=1)  # completed by the Q tile's bytes arriving
-        mbarrier.init(q_empty.index(i), count=2)  # completed when both consumers are done with the Q tile
+    mbarrier.init(q_full, count=1)  # completed by the Q tile's bytes arriving
+    mbarrier.init(q_empty, count=2)  # completed when both consumers are done with the Q tile
     for i in gl.static_range(STAGES):
         mbarrier.init(full_bars.index(i), count=1)  # completed by the TMA bytes arriving
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
@@ -515,6 +507,6 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
         plan, (programs,),
         *_descriptors(q, k, v), out, out.stride(0), out.stride(1), out.stride(2),
         batch * heads, section, heads, group_size, n_q, n_k, sm_scale * LOG2_E,
-        CAUSAL=bool(causal), STAGES=STAGES, Q_BUFFERS=Q_BUFFERS, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
+        CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out
