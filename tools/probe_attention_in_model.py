@@ -10,7 +10,8 @@ layer's attention call:
   (`triton.testing.do_bench_cudagraph`, as tools/probe_hopper_prefill_shape.py times): every replay
   finds q, k and v in the 50 MB L2 cache, where the previous replay left them;
 * alone, L2 cleared: the same call with the L2 cache overwritten before each one
-  (`triton.testing.do_bench`), so q, k and v come from HBM;
+  (`triton.testing.do_bench`), so q, k and v come from HBM. The flush is about 80 µs of GPU work;
+  a call whose CPU cost outlasts it has part of that cost timed as well;
 * in the model: the profiler's time of the attention kernels during whole forwards, per call.
 
 And the forward's latency for sdpa, ours, and two of our other paths forced on (the Hopper kernel
@@ -156,8 +157,8 @@ def main() -> None:
                             **variants},
         "notes": ["ms, ms_min, reps: forward latency as in data/prefill.json (turns forward by forward)",
                   "alone_l2_warm_us: do_bench_cudagraph median on layer 0's q, k, v; alone_l2_cleared_us: do_bench "
-                  "median (L2 overwritten before each call); in_model_us: the profiler's mean attention-kernel "
-                  "time per call over 3 forwards"],
+                  "median (L2 overwritten before each call; a call whose CPU cost outlasts the flush has part of it "
+                  "timed too); in_model_us: the profiler's mean attention-kernel time per call over 3 forwards"],
         "provenance": info, "checks": checks, "results": results,
     }, indent=1) + "\n")
     print(f"wrote {args.out}")
