@@ -327,6 +327,7 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
             config: triton.Config | None = None, trace: torch.Tensor | None = None, with_lse: bool = False):
     """(O, lse if with_lse else None). `out`, if given, may be any permutation of a contiguous layout:
     the kernel writes through its strides (a model's (B, N, H, d) buffer viewed as (B, H, N, d))."""
+    # --8<-- [start:launch_plan]
     # A tuned call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
     plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if tuned and descriptors is None and \
@@ -336,6 +337,7 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
         if _tuned_launches.relaunch(plan, q, k, v, o, *((lse,) if with_lse else ())):
             return o, lse
+    # --8<-- [end:launch_plan]
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if tuned and config is not None:
         raise ValueError("config: names one configuration for the untuned launch; got one with tuned=True")

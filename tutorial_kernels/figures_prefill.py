@@ -191,3 +191,29 @@ def prefill_launch_cost(data: dict | None = None) -> go.Figure:
     _layout(fig, data, "One layer's attention call as the model makes it, bfloat16, causal, batch 1")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig
+
+
+@figure("prefill-attention-in-model")
+def prefill_attention_in_model(data: dict | None = None) -> go.Figure:
+    """One layer's attention in Mistral-7B's prefill, timed alone and inside whole forwards, with the
+    forward's latency (data/prefill_attention_in_model.json): where a kernel's speed alone and its
+    speed in the model part."""
+    data = data or load_data("prefill_attention_in_model")
+    rows = data["results"]
+    def us(r: dict, key: str) -> str:
+        return f"{r[key]:.0f}" if key in r else "—"
+    sdpa = {r["n"]: r for r in rows if r["impl"] == "sdpa"}
+    cells = [[r["n"] for r in rows], [data["implementations"][r["impl"]] for r in rows],
+             [us(r, "alone_l2_warm_us") for r in rows], [us(r, "in_model_us") for r in rows],
+             [f"{r['ms']:.1f}" if r["status"] == "ok" else r["status"] for r in rows],
+             [f"{r['ms'] / sdpa[r['n']]['ms']:.3f}" if r["status"] == "ok" else "—" for r in rows]]
+    fig = go.Figure(go.Table(
+        header=dict(values=["<b>N</b>", "<b>attention</b>", "<b>µs per call alone (L2 warm)</b>",
+                            "<b>µs per call in the model</b>", "<b>forward ms (median)</b>", "<b>forward / sdpa</b>"],
+                    align="left", fill_color="#e8eaf6"),
+        cells=dict(values=cells, align="left", height=26), columnwidth=[0.7, 3.2, 1.4, 1.4, 1.3, 1.2],
+    ))
+    fig.update_layout(height=170 + 28 * len(rows))
+    _layout(fig, data, "Mistral-7B prefill: one layer's attention alone and inside the forward pass")
+    fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
+    return fig

@@ -104,6 +104,7 @@ class LaunchPlans:
         self._plans[key] = _Plan(compiled, tuple(grid) + (1,) * (3 - len(grid)), driver.active.get_current_device(),
                                  tuple(arguments), replaced)
 
+    # --8<-- [start:relaunch]
     def relaunch(self, key: Hashable, *tensors) -> bool:
         """Launch what was remembered under `key` with `tensors` in place of its tensor (and
         descriptor) arguments, in their order. False, having launched nothing, when nothing is
@@ -123,3 +124,4 @@ class LaunchPlans:
                      compiled.launch_metadata(grid, stream, *arguments),
                      knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook, *arguments)
         return True
+    # --8<-- [end:relaunch]
