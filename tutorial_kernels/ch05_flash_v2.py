@@ -303,6 +303,7 @@ _tuned_choices: dict[tuple, triton.Config] = {}
 # Once chosen, the launch itself is remembered per call signature (launch_plan.py): Triton's own
 # dispatch, which re-derives the kernel's specialisation from every argument, runs once per signature.
 _tuned_launches = LaunchPlans(_flash_v2_fwd_kernel)
+_launches_with_descriptors: set = set()  # the keys of those that make TMA descriptors in the kernel
 
 
 # --8<-- [start:launcher]
@@ -335,6 +336,8 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     if plan in _tuned_launches:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
+        if plan in _launches_with_descriptors:  # the allocator is per thread: this may be another one
+            triton.set_allocator(_descriptor_scratch)
         if _tuned_launches.relaunch(plan, q, k, v, o, *((lse,) if with_lse else ())):
             return o, lse
     # --8<-- [end:launch_plan]
@@ -364,7 +367,7 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     if choice == DESCRIPTORS_ONLY:
         block_d, block_dt = _block_d(shape.head_dim), 0
     if choice != POINTERS_ONLY and k.is_cuda:
-        triton.set_allocator(_descriptor_scratch)  # process-wide; it only hands out scratch bytes
+        triton.set_allocator(_descriptor_scratch)  # for this thread (a context variable); it only hands out scratch
     length_bucket = triton.next_power_of_2(max(shape.n_q, shape.n_k))
     args = (
         q, k, v, o, lse, trace,
@@ -398,6 +401,8 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     grid = (triton.cdiv(shape.n_q, launch["BLOCK_M"]), shape.batch * shape.heads)
     if tuned:
         _tuned_launches.launch(plan, grid, *args, **fixed, **launch)  # and remember it
+        if plan is not None and launch["USE_DESCRIPTORS"]:
+            _launches_with_descriptors.add(plan)
     else:
         _flash_v2_fwd_kernel[grid](*args, **fixed, **launch)
     return o, lse

@@ -3,10 +3,11 @@
 `kernel[grid](*args)` does a good deal of Python before the GPU hears of it: it binds the arguments
 to the kernel's parameters, derives a specialisation from each one (a tensor's dtype and whether its
 address is a multiple of 16 bytes, whether an integer is 1 or a multiple of 16), hashes all that
-into a key, looks the compiled kernel up, and only then calls the compiled C launcher. On an H100
-host that is about 25 µs per call (data/launch_overhead.json), as much as the launch itself, and a
-model pays it in every layer. For a short prompt the GPU finishes a layer sooner than Python can
-issue the next one, and those microseconds become the model's latency.
+into a key, looks the compiled kernel up, and only then calls the compiled C launcher. On the H100
+hosts measured, a call through Triton's dispatch cost 25–46 µs of CPU time, a relaunch as below 18
+(data/launch_overhead.json and its earlier runs in data/logs/), and a model pays it in every layer.
+For a short prompt the GPU finishes a layer sooner than Python can issue the next one, and those
+microseconds become the model's latency.
 
 A caller that already knows everything that decides the launch but the tensors' addresses (the
 shapes, the strides, the dtypes, the scalars, each address's 16-byte alignment) can skip all of it:
@@ -16,9 +17,11 @@ call the C launcher directly. This is what CUDA graphs do for a whole sequence o
 here for one launch, and without their constraint that the addresses stay fixed.
 
 What the key must capture is the caller's responsibility: two calls with equal keys must make the
-same specialisation and pass equal non-tensor arguments. Nothing is remembered under Triton's
-interpreter (it compiles nothing). Launch hooks (a profiler's, Proton's) are called as Triton calls
-them.
+same specialisation and pass equal non-tensor arguments. The key covers the call, not the launcher's
+own settings: a launcher whose settings change (a tuning choice, a schedule) must `clear()` its plans.
+A plan keeps no tensor of the call that made it (that would keep its memory allocated for good).
+Nothing is remembered under Triton's interpreter (it compiles nothing). Launch hooks (a profiler's,
+Proton's) are called as Triton calls them.
 """
 
 from __future__ import annotations
@@ -54,7 +57,11 @@ def attention_call_key(q: object, k: object, v: object, out: object, causal: obj
     if not (all(isinstance(t, torch.Tensor) for t in tensors) and isinstance(causal, bool)
             and (sm_scale is None or type(sm_scale) is float)):
         return None
-    return (causal, sm_scale, out is None, *extra, *(tensor_signature(t) for t in tensors))
+    try:
+        signatures = tuple(tensor_signature(t) for t in tensors)
+    except RuntimeError:  # a tensor without strides or storage (sparse, nested): the checks will say so
+        return None
+    return (causal, sm_scale, out is None, *extra, *signatures)
 
 
 def _replaceable(arg: object) -> bool:
@@ -67,7 +74,8 @@ class _Plan:
     compiled: Any  # triton.compiler.CompiledKernel
     grid: tuple[int, int, int]
     device: int
-    arguments: tuple  # every parameter of the kernel, in order, as the launcher takes them
+    arguments: tuple  # every parameter of the kernel, in order, as the launcher takes them; None where a
+    # tensor (or descriptor) argument goes
     replaced: tuple[int, ...]  # the positions of the tensor (or descriptor) arguments
 
 
@@ -101,8 +109,14 @@ class LaunchPlans:
             else:
                 return  # cannot happen for a call that just compiled; remember nothing rather than guess
         replaced = tuple(i for i, a in enumerate(arguments) if _replaceable(a))
+        for i in replaced:
+            arguments[i] = None  # each relaunch brings its own; keeping these would keep their memory
         self._plans[key] = _Plan(compiled, tuple(grid) + (1,) * (3 - len(grid)), driver.active.get_current_device(),
                                  tuple(arguments), replaced)
+
+    def clear(self) -> None:
+        """Forget every remembered launch (after a change to what the launcher decides from its settings)."""
+        self._plans.clear()
 
     # --8<-- [start:relaunch]
     def relaunch(self, key: Hashable, *tensors) -> bool:

@@ -145,7 +145,9 @@ MIN_REPS, MAX_REPS = 6, 60  # timed forwards per implementation and length
 def turn_order(impls: list[str], turn: int) -> list[str]:
     """a b c on even turns, a c b on odd ones: in a b c a c b … each of (up to) three implementations
     follows each other one equally often, so a forward that leaves the GPU hot or its caches full
-    (eager's, at long prompts) comes before every contestant alike."""
+    (eager's, at long prompts) comes before every contestant alike. Exactly so over whole pairs of
+    turns in which all are timed; once one has all its forwards (eager, whose forwards are longest,
+    gets fewer), the others go on taking turns without it."""
     return list(impls) if turn % 2 == 0 else [*impls[:1], *impls[:0:-1]]
 
 
@@ -166,7 +168,8 @@ def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, 
     `seconds` of forwards
     (MIN_REPS to MAX_REPS of them). Forward by forward, a burst of noise on the host (a short
     prompt's forward waits on the CPU) or on the GPU lands on every implementation alike, and
-    nothing is freed between timed forwards, so none of them pays for fresh allocations. Returns
+    nothing is freed between timed forwards (only after each warm-up, so an implementation's first
+    timed forward may allocate; the median is not moved by one forward). Returns
     impl → row fields: status "ok" with ms (median over all forwards), ms_min, reps, peak_gib; or
     "oom" / "error"."""
     rows: dict[str, dict] = {}

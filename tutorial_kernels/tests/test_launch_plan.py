@@ -7,6 +7,7 @@ GPU); the keys and the interpreter's behaviour are checked everywhere."""
 
 import pytest
 import torch
+import triton
 
 from tutorial_kernels import ch05_flash_v2 as ch05
 from tutorial_kernels.launch_plan import LaunchPlans, attention_call_key
@@ -46,12 +47,53 @@ def test_keys_separate_what_the_checks_and_the_specialisation_tell_apart():
 
 @pytest.mark.skipif(not interpreter_active(), reason="checks the interpreter's behaviour (no GPU here to skip it)")
 def test_nothing_is_remembered_under_the_interpreter():
-    plans = LaunchPlans(ch05._flash_v2_fwd_kernel)
     q, k, v, seed = _inputs(1, 2, 40, 32, torch.float32)
     for _ in range(3):
         out = ch05.flash_attn_v2_tuned(q, k, v, True)
     assert_close(out, reference_attention(q, k, v, True), torch.float32, seed=seed)
-    assert len(plans) == 0 and len(ch05._tuned_launches) == 0
+    assert len(ch05._tuned_launches) == 0
+
+
+def test_a_plan_keeps_the_argument_order_and_no_tensor(monkeypatch):
+    # A stand-in for a jitted kernel and its compiled kernel, so that the bookkeeping runs on any machine:
+    # positional, keyword and default arguments in the kernel's parameter order, tensors swapped in.
+    import inspect
+    from types import SimpleNamespace
+
+    from tutorial_kernels import launch_plan
+
+    def make_params(*names_and_defaults):
+        return [SimpleNamespace(name=n, has_default=d is not inspect.Parameter.empty, default=d)
+                for n, d in names_and_defaults]
+
+    runs = []
+    compiled = SimpleNamespace(packed_metadata="meta", function="fn",
+                               launch_metadata=lambda grid, stream, *args: None,
+                               run=lambda *args: runs.append(args))
+    monkeypatch.setattr(launch_plan, "driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: "stream")))
+
+    class Jitted:  # kernel(x, n, out, scale=2.0, BLOCK: constexpr = 16)
+        params = make_params(("x", inspect.Parameter.empty), ("n", inspect.Parameter.empty),
+                        ("out", inspect.Parameter.empty), ("scale", 2.0), ("BLOCK", 16))
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: compiled
+
+    plans = LaunchPlans(Jitted())
+    x, out = torch.randn(3), torch.empty(3)
+    plans.launch("key", (4,), x, 7, out=out, BLOCK=32)
+    assert "key" in plans and len(plans) == 1
+    assert not any(isinstance(a, torch.Tensor) for a in plans._plans["key"].arguments), "a plan keeps no tensor"
+    x2, out2 = torch.randn(3), torch.empty(3)
+    assert plans.relaunch("key", x2, out2)
+    assert runs[-1] == (4, 1, 1, "stream", "fn", "meta", None, launch_plan.knobs.runtime.launch_enter_hook,
+                        launch_plan.knobs.runtime.launch_exit_hook, x2, 7, out2, 2.0, 32)
+    assert not plans.relaunch("other key", x2, out2)
+    with pytest.raises(ValueError):  # one tensor too few: never a launch with a stale argument
+        plans.relaunch("key", x2)
+    plans.clear()
+    assert "key" not in plans
 
 
 def _full_launch_only(monkeypatch, module, name):
@@ -101,11 +143,57 @@ def test_another_alignment_or_lse_is_another_launch(monkeypatch):
     q2 = torch.empty(q.numel() + 1, dtype=q.dtype, device="cuda")[1:].view(q.shape).copy_(q)
     for _ in range(2):
         assert_close(ch05.flash_attn_v2_tuned(q2, k, v), reference_attention(q, k, v), torch.float16, seed=seed)
-    for _ in range(2):  # the log-sum-exp is a third tensor argument: another key, another launch
-        _, lse = ch05.flash_attn_v2_with_lse(q, k, v, tuned=True)
+    for _ in range(2):  # the log-sum-exp is a fifth tensor argument: another key, another launch
+        ch05.flash_attn_v2_with_lse(q, k, v, tuned=True)
+    assert len(ch05._tuned_launches) == 3
+    _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+    q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)  # the remembered launch, on new tensors
+    o, lse = ch05.flash_attn_v2_with_lse(q, k, v, tuned=True)
+    assert_close(o, reference_attention(q, k, v), torch.float16, seed=seed)
     assert_close(lse.double(), reference_log_sum_exp(reference_scores(q, k, False)), torch.float16, seed=seed,
                  what="lse")
-    assert len(ch05._tuned_launches) == 3
+
+
+@needs_gpu
+def test_a_remembered_launch_with_descriptors_runs_in_another_thread(monkeypatch):
+    # Kernels that make TMA descriptors need Triton's allocator, which is set per thread: a relaunch
+    # from a thread that never made the full call (a generate() in a worker thread) must set it too.
+    import threading
+
+    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
+    block_d, _ = ch05._head_dim_blocks(64)
+    tuning_key = (triton.next_power_of_2(100), 64, True, block_d, ch05.EITHER, torch.float16, False)
+    with_descriptors = next(c for c in ch05._tuning_configs() if c.kwargs["USE_DESCRIPTORS"]
+                            and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64)
+    monkeypatch.setitem(ch05._tuned_choices, tuning_key, with_descriptors)  # as if the autotuner chose it
+    ch05.flash_attn_v2_tuned(q, k, v, True)  # remembered, in this thread
+    _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+    result = {}
+
+    def worker():
+        try:
+            result["out"] = ch05.flash_attn_v2_tuned(q, k, v, True)
+        except Exception as err:  # noqa: BLE001 (reported below, in the test's thread)
+            result["error"] = err
+    thread = threading.Thread(target=worker)
+    thread.start()
+    thread.join()
+    assert "error" not in result, result.get("error")
+    assert_close(result["out"], reference_attention(q, k, v, True), torch.float16, seed=seed)
+
+
+@needs_gpu
+def test_a_remembered_launch_keeps_no_memory_alive(monkeypatch):
+    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    for _ in range(3):  # tuned, remembered, relaunched
+        q, k, v, _ = _inputs(1, 4, 4096, 64, torch.float16)
+        o = ch05.flash_attn_v2_tuned(q, k, v, True)
+        del q, k, v, o
+    assert len(ch05._tuned_launches) == 1
+    assert torch.cuda.memory_allocated() <= before, "a remembered launch holds on to a call's tensors"
 
 
 @needs_gpu
@@ -144,9 +232,10 @@ def test_a_launch_hook_sees_remembered_launches(monkeypatch):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
+@pytest.mark.parametrize("causal", [True, False], ids=["causal-persistent", "full-one-program-per-item"])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 300, 300), (1, 32, 8, 1024, 1024), (2, 2, 2, 1, 700)],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
-def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeypatch, shape):
+def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeypatch, shape, causal):
     from tutorial_kernels import ch05_hopper
 
     batch, heads, kv_heads, n_q, n_k = shape
@@ -158,12 +247,12 @@ def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeyp
         if call == 2:
             assert len(ch05_hopper._launches) == 1
             _forbid_triton_dispatch(monkeypatch, ch05_hopper._flash_hopper_fwd)
-        assert ch05_hopper.flash_attn_hopper(x.q, k, v, True, out=out) is out
+        assert ch05_hopper.flash_attn_hopper(x.q, k, v, causal, out=out) is out
         group = heads // kv_heads
-        ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
+        ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
         assert_close(out, ref, torch.bfloat16, seed=x.seed)
     monkeypatch.undo()
     _full_launch_only(monkeypatch, ch05_hopper, "_launches")
-    ch05_hopper._launch(x.q, k, v, True, 0.1, out, programs=1)
+    ch05_hopper._launch(x.q, k, v, causal, 0.1, out, programs=1, plan="a key")  # a forced schedule
     assert len(ch05_hopper._launches) == 0
 
