@@ -213,7 +213,7 @@ def prefill_attention_in_model(data: dict | None = None) -> go.Figure:
                     align="left", fill_color="#e8eaf6"),
         cells=dict(values=cells, align="left", height=26), columnwidth=[0.7, 3.2, 1.4, 1.4, 1.3, 1.2],
     ))
-    fig.update_layout(height=170 + 28 * len(rows))
+    fig.update_layout(height=200 + 36 * len(rows))  # labels may wrap to two lines
     _layout(fig, data, "Mistral-7B prefill: one layer's attention alone and inside the forward pass")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig
