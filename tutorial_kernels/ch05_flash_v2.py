@@ -331,8 +331,8 @@ def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | Non
     # --8<-- [start:launch_plan]
     # A tuned call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
-    plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if tuned and descriptors is None and \
-        config is None and trace is None else None
+    rememberable = tuned and descriptors is None and config is None and trace is None
+    plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if rememberable else None
     if plan in _tuned_launches:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
