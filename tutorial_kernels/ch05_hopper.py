@@ -124,15 +124,14 @@ def _dealt_item(deal):
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
             n_items, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
-    """One warp, for each of this program's work items: both halves of its Q tile, once both consumer
-    warpgroups have computed their last scores with the previous item's; then each K/V tile into
-    the next stage of the ring as soon as both have released the tile that was there. The ring runs
-    on across items: the next item's Q and first K/V tiles arrive while the consumers compute this
-    item's last P̃V product and write its output.
+    """One warp, for each of this program's work items: the item's first K/V tile into the next stage
+    of the ring; both halves of its Q tile, once both consumer warpgroups have written the previous
+    item's output (which they stage in the Q buffer); then the item's other K/V tiles, each as soon
+    as both consumers have released the tile that was in its stage. The ring runs on across items:
+    the next item's first K/V tile arrives while the consumers are still on this item's last tiles.
     Coordinates are (batch, head, row, column) in the tensors' own shapes, so the copy engine fills
     rows past n_q or n_k with zeros instead of reading another head's."""
     rows_per_wg: gl.constexpr = q_smem.shape[3]
-    stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
     loaded = 0  # K/V tiles this program has loaded: tile number `loaded` goes to stage loaded % stages
     started = 0  # work items this program has begun
@@ -141,20 +140,31 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
         if w < n_items:
             batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
                 w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
-            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item is done with Q
+            if n_tiles > 0:  # tile 0 first: it need not wait for the previous item's output
+                _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, 0)
+                loaded += 1
+            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item's output is out
             mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
             _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
             _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
-            for t in range(n_tiles):
-                stage = loaded % stages
-                # the (loaded // stages)-th refill of this stage waits for the release of the tile before
-                mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
-                full = full_bars.index(stage)
-                mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-                _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
-                _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+            for t in range(1, n_tiles):
+                _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, t)
                 loaded += 1
             started += 1
+
+
+@gluon.jit
+def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, t):
+    """Key/value tile t into stage loaded % stages, once both consumers have released the tile before
+    it there (its (loaded // stages)-th refill)."""
+    stages: gl.constexpr = k_smem.shape[0]
+    block_n: gl.constexpr = k_smem.shape[3]
+    stage = loaded % stages
+    mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
+    full = full_bars.index(stage)
+    mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
+    _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
 # --8<-- [end:loader]
 
 
@@ -207,8 +217,8 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
 
 
 @gluon.jit
-def _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles, n_q, n_k,
-                 qk_scale, CAUSAL: gl.constexpr):
+def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n_tiles, n_q, n_k, qk_scale,
+                 CAUSAL: gl.constexpr):
     """One warpgroup's 64 query rows from row0 on against the key tiles of one work item, which are
     the program's ring tiles used, used + 1, …: tiles [0, n_full) unmasked, [n_full, n_tiles)
     masked, both in FA3's overlapped order. Returns the un-normalised O and the row sums ℓ."""
@@ -250,12 +260,9 @@ def _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, 
             acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
                                                      p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
                                                      True, CAUSAL)
-        mbarrier.arrive(q_empty, count=1)  # every S of this item is done: the loader may bring the next Q
         last = (used + n_tiles - 1) % stages
         acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
         mbarrier.arrive(empty_bars.index(last), count=1)
-    else:
-        mbarrier.arrive(q_empty, count=1)  # rows that see no key: Q is not needed
     return acc, l_i
 
 
@@ -264,7 +271,8 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
               stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
     """One warpgroup, for each work item dealt to this program: its 64 query rows (the WG-th half of
-    the item's Q tile) through `_attend_item`, then O / ℓ to memory."""
+    the item's Q tile) through `_attend_item`, then O / ℓ to memory, by way of its half of the Q
+    buffer, after which the loader may refill that buffer."""
     dtype: gl.constexpr = k_smem.dtype
     rows_per_wg: gl.constexpr = q_smem.shape[3]
     block_n: gl.constexpr = k_smem.shape[3]
@@ -279,19 +287,28 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
                 w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
             row0 = first_row + WG * rows_per_wg
             mbarrier.wait(q_full, started & 1)
-            acc, l_i = _attend_item(q, k_smem, v_smem, q_empty, full_bars, empty_bars, used, row0, n_full, n_tiles,
+            acc, l_i = _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n_tiles,
                                     n_q, n_k, qk_scale, CAUSAL)
             used += n_tiles
             started += 1
 
-            o_rows: gl.constexpr = gl.SliceLayout(1, acc.type.layout)
-            l_o = gl.convert_layout(l_i, o_rows)
+            l_o = gl.convert_layout(l_i, gl.SliceLayout(1, acc.type.layout))
             out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
-            rows = row0 + gl.arange(0, rows_per_wg, o_rows)
-            cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, acc.type.layout))
+            # Straight from wgmma's layout each thread holds pairs of adjacent columns, so every store
+            # would write 4 bytes per thread and fill half of each 32-byte sector it touches. Staged
+            # through this warpgroup's half of the Q buffer (every product that reads it is done), it
+            # comes back as 8 adjacent columns per thread: 16-byte stores, whole sectors.
+            q.store(out.to(dtype))
+            # 8 columns (16 bytes) per thread, a row per head_dim / 8 threads: a warp writes whole rows
+            rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // head_dim, head_dim // 8], [4, 1], [1, 0])
+            out = q.load(rows_layout)
+            fence_async_shared()  # these reads of the buffer come before the loader's next TMA write to it
+            mbarrier.arrive(q_empty, count=1)  # the loader may bring the next item's Q
+            rows = row0 + gl.arange(0, rows_per_wg, gl.SliceLayout(1, rows_layout))
+            cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, rows_layout))
             o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
             ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
-            gl.store(ptrs, out.to(dtype), mask=(rows < n_q)[:, None])
+            gl.store(ptrs, out, mask=(rows < n_q)[:, None])
 # --8<-- [end:consumer]
 
 
