@@ -22,7 +22,12 @@ Triton's Gluon dialect lets us write its schedule ourselves:
   are dealt to the programs forwards and backwards in turn, which balances the programs' sums.
   `_launch` uses this for causal attention whose K and V fit in the L2 cache, and one program per
   item elsewhere
-  (measured: data/ch05_hopper_prefill_shape.json; BENCHMARKS.md, sixth session).
+  (measured: data/ch05_hopper_prefill_shape.json; BENCHMARKS.md, sixth session);
+* the output leaves through shared memory: each consumer writes its O tile into its half of the Q
+  buffer and reads it back eight columns per thread, so its stores to memory are 16 bytes wide and
+  fill whole 32-byte sectors (written from wgmma's register layout they were 4 bytes wide and filled
+  half of each: twice the L2 write sectors, measured with Nsight Compute; BENCHMARKS.md, eighth
+  session). The loader brings an item's first K/V tile before the Q buffer is free again.
 
 Q, K and V are read in place through 4-D TMA descriptors with their own strides, so the contiguous
 (B, H, N, d) layout and the (B, N, H, d) layout transformers' attention layers produce both work
@@ -62,10 +67,10 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 # From how many queries and keys on the model adapter prefers this kernel to chapter 5's Triton kernel
 # (`preferred_over_triton`), as measured on the H100. With persistent programs (causal, K and V within
 # the L2) it was faster from 1024 on at the prefill models' shape (data/ch05_hopper_prefill_shape.json);
-# with one program per item only from 2048 on (data/ch05_hopper.json, causal: 0.72× cuDNN at 1024
-# against the Triton kernel's 0.79×). Below that, each item has a few key tiles, and the loop's first
-# and last steps, which overlap nothing, weigh most. A decoding step (one query) would fill a 128-row
-# tile with a single row: never measured, left to the Triton kernel.
+# with one program per item only from 2048 on (same file: 32.9 µs at 1024 against the Triton kernel's
+# 32.1, 89.3 at 2048 against its 100.8). Below that, each item has a few key tiles, and the loop's
+# first and last steps, which overlap nothing, weigh most. A decoding step (one query) would fill a
+# 128-row tile with a single row: never measured, left to the Triton kernel.
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
 
