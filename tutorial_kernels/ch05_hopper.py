@@ -8,11 +8,12 @@ tensor cores multiply, and both warpgroups of a program wait at the same barrier
 (BENCHMARKS.md, fifth session). FlashAttention-3 (Shah et al. 2024, §3.1–3.2) removes both stalls;
 Triton's Gluon dialect lets us write its schedule ourselves:
 
-* warp specialisation: one *loader* warp only moves data — Q once, then K/V tiles by TMA into a ring
-  of shared-memory stages, each stage guarded by a "full" and an "empty" mbarrier — while two
-  *consumer* warpgroups, 64 query rows each, only compute. They do not take turns: each releases a
-  stage when it has finished with it and the loader refills it when both have, so one can run up to
-  two tiles ahead of the other, and one's products may overlap the other's softmax;
+* warp specialisation: one *loader* warp only moves data — per work item a Q tile and K/V tiles
+  by TMA, the K/V tiles into a ring of shared-memory stages, each stage guarded by a "full" and an
+  "empty" mbarrier — while two *consumer* warpgroups, 64 query rows each, only compute. They do
+  not take turns: each releases a stage when it has finished with it and the loader refills it
+  when both have, so one can run up to two tiles ahead of the other, and one's products may overlap
+  the other's softmax;
 * inside a consumer, FA3's order: issue S_t = Q K_tᵀ, then O += P̃_{t-1} V_{t-1}, both asynchronous;
   wait for S_t only, and compute its softmax while P̃_{t-1} V_{t-1} is still on the tensor cores;
   then wait for that product and rescale O by α_t;
@@ -62,7 +63,7 @@ _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_glo
 HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups make a 128-row Q tile
 BLOCK_N = 128  # keys per K/V tile
-STAGES = 3  # K/V tiles in flight: 32 KiB of Q + 3 × 64 KiB of K/V = 224 of the 227 KiB a program may have
+STAGES = 3  # K/V tiles in flight: 32 KiB of Q (later O) + 3 × 64 KiB of K/V = 224 of the 227 KiB allowed
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
 # From how many queries and keys on the model adapter prefers this kernel to chapter 5's Triton kernel
 # (`preferred_over_triton`), as measured on the H100. With persistent programs (causal, K and V within
@@ -130,9 +131,9 @@ def _dealt_item(deal):
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
             n_items, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
     """One warp, for each of this program's work items: the item's first K/V tile into the next stage
-    of the ring; both halves of its Q tile, once both consumer warpgroups have written the previous
-    item's output (which they stage in the Q buffer); then the item's other K/V tiles, each as soon
-    as both consumers have released the tile that was in its stage. The ring runs on across items:
+    of the ring; both halves of its Q tile, once both consumer warpgroups have staged the previous
+    item's output in the Q buffer and read it back out; then the item's other K/V tiles, each as
+    soon as both consumers have released the tile that was in its stage. The ring runs on across items:
     the next item's first K/V tile arrives while the consumers are still on this item's last tiles.
     Coordinates are (batch, head, row, column) in the tensors' own shapes, so the copy engine fills
     rows past n_q or n_k with zeros instead of reading another head's."""
@@ -148,7 +149,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
             if n_tiles > 0:  # tile 0 first: it need not wait for the previous item's output
                 _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, 0)
                 loaded += 1
-            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous item's output is out
+            mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous O has left the buffer
             mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
             _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
             _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
@@ -160,8 +161,9 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
 
 @gluon.jit
 def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, t):
-    """Key/value tile t into stage loaded % stages, once both consumers have released the tile before
-    it there (its (loaded // stages)-th refill)."""
+    """Key/value tile t of one (batch, kv_head) into stage loaded % stages of the ring, which is the
+    program's tile number `loaded`: from the second round of the ring on, once both consumers have
+    released the tile `stages` numbers earlier, which held that stage."""
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
     stage = loaded % stages
@@ -302,18 +304,21 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             # Straight from wgmma's layout each thread holds pairs of adjacent columns, so every store
             # would write 4 bytes per thread and fill half of each 32-byte sector it touches. Staged
             # through this warpgroup's half of the Q buffer (every product that reads it is done), it
-            # comes back as 8 adjacent columns per thread: 16-byte stores, whole sectors.
-            q.store(out.to(dtype))
-            # 8 columns (16 bytes) per thread, a row per head_dim / 8 threads: a warp writes whole rows
-            rows_layout: gl.constexpr = gl.BlockedLayout([1, 8], [256 // head_dim, head_dim // 8], [4, 1], [1, 0])
-            out = q.load(rows_layout)
-            fence_async_shared()  # these reads of the buffer come before the loader's next TMA write to it
+            # comes back as 8 adjacent columns per thread: 16-byte stores, whole sectors. (Triton puts
+            # a barrier of this warpgroup's warps between the write and the read.)
+            o_stage = q
+            o_stage.store(out.to(dtype))
+            # 8 columns (16 bytes) per thread, head_dim / 8 threads per row: a warp writes whole rows
+            store_layout: gl.constexpr = gl.BlockedLayout([1, 8], [32 * 8 // head_dim, head_dim // 8], [4, 1],
+                                                          [1, 0])
+            o_rows = o_stage.load(store_layout)
+            fence_async_shared()  # our accesses to the buffer come before the loader's next TMA write to it
             mbarrier.arrive(q_empty, count=1)  # the loader may bring the next item's Q
-            rows = row0 + gl.arange(0, rows_per_wg, gl.SliceLayout(1, rows_layout))
-            cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, rows_layout))
+            rows = row0 + gl.arange(0, rows_per_wg, gl.SliceLayout(1, store_layout))
+            cols_d = gl.arange(0, head_dim, gl.SliceLayout(0, store_layout))
             o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
             ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
-            gl.store(ptrs, out, mask=(rows < n_q)[:, None])
+            gl.store(ptrs, o_rows, mask=(rows < n_q)[:, None])
 # --8<-- [end:consumer]
 
 
@@ -379,7 +384,7 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_full, count=1)  # completed by the Q tile's bytes arriving
-    mbarrier.init(q_empty, count=2)  # completed when both consumers are done with the Q tile
+    mbarrier.init(q_empty, count=2)  # completed when both consumers are done with the Q buffer (O included)
     for i in gl.static_range(STAGES):
         mbarrier.init(full_bars.index(i), count=1)  # completed by the TMA bytes arriving
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
