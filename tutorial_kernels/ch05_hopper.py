@@ -474,10 +474,27 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
     return props.multi_processor_count, props.L2_cache_size
 
 
-def runs_persistent(kv_bytes: int, causal: bool, l2_bytes: int) -> bool:
-    """`_launch`'s choice: persistent programs for causal attention whose K and V (kv_bytes together)
-    fit in the L2 cache, one program per work item otherwise (see `_launch`)."""
-    return causal and kv_bytes <= l2_bytes
+# Persistent programs over many heads go section by section, each section as many (batch, head) pairs
+# as have their K and V in this share of the L2 cache. An eighth was measured best on the FA2 paper's
+# shapes (data/logs/2026-11-23_h100_hopper_sections_ee947f4.json): a quarter and a sixteenth were close,
+# all heads at once (K and V beyond the L2) up to 30 % slower.
+SECTION_L2_SHARE = 1 / 8
+
+
+def runs_persistent(kv_bytes: int, causal: bool, l2_bytes: int, pairs: int) -> bool:
+    """`_launch`'s choice for K and V of kv_bytes together over `pairs` (batch, head) pairs: persistent
+    programs for causal attention whose K and V fit in the L2 cache, and wherever one pair's share of
+    K and V fits in a section (SECTION_L2_SHARE of the L2); one program per work item otherwise."""
+    return (causal and kv_bytes <= l2_bytes) or kv_bytes / pairs <= SECTION_L2_SHARE * l2_bytes
+
+
+def section_pairs(kv_bytes: int, causal: bool, l2_bytes: int, pairs: int) -> int:
+    """How many (batch, head) pairs one section of a persistent launch holds (see `runs_persistent`):
+    all of them for causal attention within the L2, so that the longest-first order is global;
+    otherwise as many as fill SECTION_L2_SHARE of the L2."""
+    if causal and kv_bytes <= l2_bytes:
+        return pairs
+    return max(1, min(pairs, int(SECTION_L2_SHARE * l2_bytes // (kv_bytes / pairs))))
 
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
@@ -489,7 +506,8 @@ def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> boo
         return True
     if n < MIN_KEYS_PERSISTENT:
         return False
-    return runs_persistent(2 * k.numel() * k.element_size(), causal, _sm_count_and_l2_bytes(q.device.index)[1])
+    l2_bytes = _sm_count_and_l2_bytes(q.device.index)[1]
+    return runs_persistent(2 * k.numel() * k.element_size(), causal, l2_bytes, q.shape[0] * q.shape[1])
 
 
 @functools.lru_cache(maxsize=None)
@@ -516,20 +534,25 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
 
     Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory
     of one fills an SM), every item in one section, so the longest-first order is global and the
-    dealing balances it. Otherwise one
-    program per item and sections of one (batch, head): the GPU starts each program as an SM frees
-    up, in order, which balances causal items of one head as well, and the programs running at once
-    share few heads' K and V. `programs` and `section` override the choice (tests, probes). `plan`:
-    the key under which to remember the launch (`launch_plan.py`), None not to."""
+    dealing balances it. Otherwise, where one head's K and V fit in an eighth of the L2: one program
+    per SM as well, with sections of the heads that fill that eighth, so the programs running at once
+    share their K and V through the L2. Otherwise (a head's K and V larger than that: long sequences;
+    persistent programs were a quarter slower there at 16,384 tokens causal, for a reason not
+    established) one program per item and sections of one (batch, head):
+    the GPU starts each program as an SM frees up, in order, which balances causal items of one head
+    as well. `programs` and `section` override the choice (tests, probes). `plan`: the key under
+    which to remember the launch (`launch_plan.py`), None not to."""
     if programs is not None or section is not None:
         plan = None  # a forced schedule is not the one the key stands for
     batch, heads, n_q, _ = q.shape
     group_size, n_k = heads // k.shape[1], k.shape[2]
     sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
-    persistent = runs_persistent(2 * k.numel() * k.element_size(), causal, l2_bytes)  # K and V
+    kv_bytes, pairs = 2 * k.numel() * k.element_size(), batch * heads  # K and V
+    persistent = runs_persistent(kv_bytes, causal, l2_bytes, pairs)
     programs = min(n_items, programs or (sm_count if persistent else n_items))
-    section = max(1, min(section or (batch * heads if persistent else 1), batch * heads))
+    section = section or (section_pairs(kv_bytes, causal, l2_bytes, pairs) if persistent else 1)
+    section = max(1, min(section, pairs))
     _launches.launch(
         plan, (programs,),
         *_descriptors(q, k, v), out, out.stride(0), out.stride(1), out.stride(2),
