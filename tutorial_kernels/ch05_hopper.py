@@ -474,10 +474,11 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
     return props.multi_processor_count, props.L2_cache_size
 
 
+# --8<-- [start:launch_rule]
 # Persistent programs over many heads go section by section, each section as many (batch, head) pairs
-# as have their K and V in this share of the L2 cache. An eighth was measured best on the FA2 paper's
-# shapes (data/logs/2026-11-23_h100_hopper_sections_ee947f4.json): a quarter and a sixteenth were close,
-# all heads at once (K and V beyond the L2) up to 30 % slower.
+# as have their K and V in this share of the L2 cache. Measured on the FA2 paper's shapes
+# (data/logs/2026-11-23_h100_hopper_sections_ee947f4.json): an eighth and a sixteenth within 1 % of
+# each other, a quarter up to 5 % behind, all heads at once (K and V beyond the L2) up to 43 % behind.
 SECTION_L2_SHARE = 1 / 8
 
 
@@ -495,6 +496,7 @@ def section_pairs(kv_bytes: int, causal: bool, l2_bytes: int, pairs: int) -> int
     if causal and kv_bytes <= l2_bytes:
         return pairs
     return max(1, min(pairs, int(SECTION_L2_SHARE * l2_bytes // (kv_bytes / pairs))))
+# --8<-- [end:launch_rule]
 
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
