@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tutorial_kernels.ch05_hopper import (MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper, hopper_kernel_unavailable,
-                                          runs_persistent, section_pairs)
+                                          pairs_per_section, runs_persistent)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import assert_close, poisoned, random_qkv
 from tutorial_kernels.validation import UnsupportedShape
@@ -131,23 +131,28 @@ def test_bad_arguments_are_checked_before_the_device():
 
 def test_persistent_launches_go_in_sections_of_heads_that_share_an_eighth_of_the_l2():
     # The FA2 paper's shapes at d = 128 (16 heads, 16k tokens in all) on a 50 MiB L2: K and V are
-    # 2 × N × 128 × 2 bytes per head.
+    # 2 × N × 128 × 2 bytes per head, 128 MiB in all, beyond the L2.
     l2 = 50 * 2**20
     for n, batch, expected in ((1024, 16, 12), (2048, 8, 6), (4096, 4, 3), (8192, 2, 1)):
-        kv_bytes, pairs = batch * 16 * 2 * n * 128 * 2, batch * 16
-        for causal in (True, False):
-            assert runs_persistent(kv_bytes, causal, l2, pairs)
-            assert section_pairs(kv_bytes, causal, l2, pairs) == expected
-    kv_16k = 16 * 2 * 16384 * 128 * 2  # 8 MiB per head, beyond 6.25: one program per item
-    assert not runs_persistent(kv_16k, True, l2, 16) and not runs_persistent(kv_16k, False, l2, 16)
-    prefill_kv = 8 * 2 * 4096 * 128 * 2  # 32 query heads sharing 8 key/value heads, 16 MiB in all
-    assert section_pairs(prefill_kv, True, l2, 32) == 32  # causal within the L2: one section
-    assert section_pairs(prefill_kv, False, l2, 32) == 12  # 0.5 MiB per query head
+        kv_bytes, kv_heads = batch * 16 * 2 * n * 128 * 2, batch * 16
+        assert runs_persistent(kv_bytes, kv_heads, l2)
+        assert pairs_per_section(kv_bytes, kv_heads, l2, group_size=1) == expected
+    kv_16k = 16 * 2 * 16384 * 128 * 2  # 8 MiB per head, beyond 6.25, and 128 MiB in all: one program per item
+    assert not runs_persistent(kv_16k, 16, l2)
+    # K and V within the L2: all heads in one section, however large one head is (4 heads × 8 MiB)
+    assert runs_persistent(4 * 2 * 16384 * 128 * 2, 4, l2)
+    assert pairs_per_section(4 * 2 * 16384 * 128 * 2, 4, l2, group_size=1) == 4
+    # grouped-query attention, 32 query heads on 8 key/value heads: sections hold whole groups
+    prefill_kv = 8 * 2 * 4096 * 128 * 2  # 16 MiB: within the L2, one section of all 32 query heads
+    assert pairs_per_section(prefill_kv, 8, l2, group_size=4) == 32
+    batched_kv = 8 * prefill_kv  # 8 sequences, 128 MiB: 2 MiB per key/value head, 3 of them per section
+    assert runs_persistent(batched_kv, 64, l2) and pairs_per_section(batched_kv, 64, l2, group_size=4) == 12
+    assert not runs_persistent(8 * 2 * 16384 * 128 * 2, 8, l2)  # 64 MiB, 8 MiB per key/value head
 
 
 def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch):
-    # From MIN_KEYS_PERSISTENT queries and keys when the launch is persistent (causal, K and V within
-    # the L2 cache), from MIN_KEYS otherwise; never below. Shapes only: meta tensors, an H100's L2.
+    # From MIN_KEYS_PERSISTENT queries and keys when the launch is persistent (see `runs_persistent`),
+    # from MIN_KEYS otherwise; never below. Shapes only: meta tensors, an H100's L2.
     from tutorial_kernels import ch05_hopper
 
     monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
@@ -156,16 +161,16 @@ def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch
         return (torch.empty(batch, heads, n, 128, dtype=torch.bfloat16, device="meta"),
                 torch.empty(batch, kv_heads, n, 128, dtype=torch.bfloat16, device="meta"))
 
-    prefill = qk(1, 32, 8, 1500)  # K and V: 6 MiB, all within the L2
-    assert runs_persistent(2 * prefill[1].numel() * 2, True, 50 * 2**20, 32)
+    prefill = qk(1, 32, 8, 1500)  # K and V: 5.9 MiB, all within the L2
     assert ch05_hopper.preferred_over_triton(*prefill, causal=True)
-    assert ch05_hopper.preferred_over_triton(*prefill, causal=False)  # 0.19 MiB per head: in sections
     many_heads = qk(16, 16, 16, 1500)  # K and V: 188 MiB, 0.73 MiB per head: persistent, in sections
     assert ch05_hopper.preferred_over_triton(*many_heads, causal=True)
+    assert ch05_hopper.preferred_over_triton(*many_heads, causal=False)
     # with a 4 MiB L2 a head's 0.73 MiB is beyond an eighth of it: one program per item, from MIN_KEYS only
     monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 4 * 2**20))
     assert not ch05_hopper.preferred_over_triton(*many_heads, causal=True)
     monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
+    assert not ch05_hopper.preferred_over_triton(*qk(0, 32, 8, 1500), causal=True)  # no sequence: no division
     assert ch05_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
     assert not ch05_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
     assert ch05_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)

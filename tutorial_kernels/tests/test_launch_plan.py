@@ -232,13 +232,20 @@ def test_a_launch_hook_sees_remembered_launches(monkeypatch):
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
-@pytest.mark.parametrize("causal", [True, False], ids=["causal-persistent", "full-one-program-per-item"])
-@pytest.mark.parametrize("shape", [(1, 4, 2, 300, 300), (1, 32, 8, 1024, 1024), (2, 2, 2, 1, 700)],
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
+@pytest.mark.parametrize("shape", [(1, 4, 2, 300, 300), (1, 32, 8, 1024, 1024), (2, 2, 2, 1, 700),
+                                   (1, 9, 9, 64, "beyond")],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
 def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeypatch, shape, causal):
     from tutorial_kernels import ch05_hopper
 
     batch, heads, kv_heads, n_q, n_k = shape
+    if n_k == "beyond":  # one head's K and V beyond an eighth of the L2, all of them beyond the L2
+        n_k = torch.cuda.get_device_properties(0).L2_cache_size // 8 // (2 * 128 * 2) + 64
+    kv_bytes = batch * kv_heads * 2 * n_k * 128 * 2
+    one_program_per_item = not ch05_hopper.runs_persistent(kv_bytes, batch * kv_heads,
+                                                           torch.cuda.get_device_properties(0).L2_cache_size)
+    assert one_program_per_item == (shape[4] == "beyond"), "the shapes cover both kinds of launch"
     _full_launch_only(monkeypatch, ch05_hopper, "_launches")
     for call in range(3):
         x = random_qkv(batch, heads, n_q, n_k, 128, torch.bfloat16, "cuda", layout="bnhd")
