@@ -21,8 +21,9 @@ Triton's Gluon dialect lets us write its schedule ourselves:
   tile of one head) after another with the same barriers and the same ring, so the next item's
   tiles load while this one finishes. Causal items differ in length, so they go longest first and
   are dealt to the programs forwards and backwards in turn, which balances the programs' sums.
-  `_launch` uses this wherever K and V fit in the L2 cache, or where one head's K and V fit in an
-  eighth of it (then heads go in sections that share the L2), and one program per item elsewhere
+  `_launch` uses this for causal attention whose K and V fit in the L2 cache, and wherever one
+  head's K and V fit in an eighth of it (heads then go in sections that share the L2); one program
+  per item elsewhere
   (measured: data/ch05_hopper_prefill_shape.json, data/ch05_hopper.json; BENCHMARKS.md, sixth and
   eighth sessions);
 * the output leaves through shared memory: each consumer writes its O tile into its half of the Q
@@ -70,9 +71,9 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 # (`preferred_over_triton`), as measured on the H100. With persistent programs it was faster from 1024
 # on, at the prefill models' shape (data/ch05_hopper_prefill_shape.json) and the FA2 paper's
 # (data/ch05_hopper.json); with one program per item only from 2048 on (prefill shape: 33.1 µs at 1024
-# against the Triton kernel's 32.2, 90.3 at 2048 against its 101.2). Below that, each item has a few key tiles, and the loop's
-# first and last steps, which overlap nothing, weigh most. A decoding step (one query) would fill a
-# 128-row tile with a single row: never measured, left to the Triton kernel.
+# against the Triton kernel's 32.2, 90.3 at 2048 against its 101.2). Below that, each item has a few
+# key tiles, and the loop's first and last steps, which overlap nothing, weigh most. A decoding step
+# (one query) would fill a 128-row tile with a single row: never measured, left to the Triton kernel.
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
 
@@ -476,26 +477,29 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
 
 
 # --8<-- [start:launch_rule]
-# Persistent programs over heads whose K and V exceed the L2 cache go section by section, each section
-# the query heads of as many key/value heads as have their K and V in this share of the L2. Measured
-# on the FA2 paper's shapes (data/logs/2026-11-23_h100_hopper_sections_ee947f4.json): an eighth and a
-# sixteenth within 1.2 % of each other, a quarter up to 5 % behind; all heads in one section took up
-# to 43 % longer than one program per item.
+# Persistent programs over many heads go section by section, each section the query heads of as many
+# key/value heads as have their K and V in this share of the L2 cache. Measured on the FA2 paper's
+# shapes (data/logs/2026-11-23_h100_hopper_sections_ee947f4.json): an eighth and a sixteenth within
+# 1.2 % of each other, a quarter up to 5 % behind; all heads in one section took up to 43 % longer
+# than one program per item.
 SECTION_L2_SHARE = 1 / 8
 
 
-def runs_persistent(kv_bytes: int, kv_heads: int, l2_bytes: int) -> bool:
+def runs_persistent(kv_bytes: int, kv_heads: int, causal: bool, l2_bytes: int) -> bool:
     """`_launch`'s choice for K and V of `kv_bytes` together over `kv_heads` (batch, key/value head)
-    pairs: persistent programs where all of K and V fit in the L2 cache, or where one key/value head's
-    K and V fit in SECTION_L2_SHARE of it; one program per work item otherwise."""
-    return kv_bytes <= l2_bytes or kv_bytes / kv_heads <= SECTION_L2_SHARE * l2_bytes
+    pairs: persistent programs for causal attention whose K and V fit in the L2 cache, and wherever
+    one key/value head's K and V fit in SECTION_L2_SHARE of it; one program per work item otherwise."""
+    return (causal and kv_bytes <= l2_bytes) or kv_bytes / kv_heads <= SECTION_L2_SHARE * l2_bytes
 
 
-def pairs_per_section(kv_bytes: int, kv_heads: int, l2_bytes: int, group_size: int) -> int:
-    """How many (batch, query head) pairs one section of a persistent launch holds: all of them where
-    K and V fit in the L2 cache, so that the longest-first order is global; otherwise the query heads
-    of as many whole key/value heads as fill SECTION_L2_SHARE of the L2 (at least one)."""
-    if kv_bytes <= l2_bytes:
+def pairs_per_section(kv_bytes: int, kv_heads: int, causal: bool, l2_bytes: int, group_size: int) -> int:
+    """How many (batch, query head) pairs one section of a persistent launch holds: all of them for
+    causal attention within the L2 cache, so that the longest-first order is global; otherwise the
+    query heads of as many whole key/value heads as fill SECTION_L2_SHARE of the L2 (at least one).
+    (Not causal, the items are equal and need no global order: at the prefill models' shape these
+    sections were level with one section up to 4096 tokens and 2.5 % faster at 8192,
+    data/logs/2026-11-23_h100_hopper_sections_noncausal_7b7553e.json.)"""
+    if causal and kv_bytes <= l2_bytes:
         return kv_heads * group_size
     return max(1, int(SECTION_L2_SHARE * l2_bytes // (kv_bytes / kv_heads))) * group_size
 # --8<-- [end:launch_rule]
@@ -513,7 +517,7 @@ def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> boo
     if k.numel() == 0:
         return False  # nothing to attend to: the Triton kernel's checks say why
     l2_bytes = _sm_count_and_l2_bytes(q.device.index)[1]
-    return runs_persistent(2 * k.numel() * k.element_size(), k.shape[0] * k.shape[1], l2_bytes)
+    return runs_persistent(2 * k.numel() * k.element_size(), k.shape[0] * k.shape[1], causal, l2_bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -538,9 +542,9 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
             section: int | None = None, plan: Hashable | None = None) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
-    With the K and V of all heads within the L2 cache: one program per SM (the shared memory of one
-    fills an SM), every item in one section, so the longest-first order is global and the dealing
-    balances it. Otherwise, where one key/value head's K and V fit in an eighth of the L2: one
+    Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory
+    of one fills an SM), every item in one section, so the longest-first order is global and the
+    dealing balances it. Otherwise, where one key/value head's K and V fit in an eighth of the L2: one
     program per SM as well, with sections of the heads that fill that eighth, so the programs running
     at once share their K and V through the L2. Otherwise (a head's K and V larger than that: long
     sequences; persistent programs took a quarter to a third longer there at 16,384 tokens causal,
@@ -555,9 +559,10 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
     sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
     kv_bytes, kv_heads = 2 * k.numel() * k.element_size(), batch * k.shape[1]  # K and V
-    persistent = runs_persistent(kv_bytes, kv_heads, l2_bytes)
+    persistent = runs_persistent(kv_bytes, kv_heads, causal, l2_bytes)
     programs = min(n_items, programs or (sm_count if persistent else n_items))
-    section = section or (pairs_per_section(kv_bytes, kv_heads, l2_bytes, group_size) if persistent else 1)
+    if not section:
+        section = pairs_per_section(kv_bytes, kv_heads, causal, l2_bytes, group_size) if persistent else 1
     section = max(1, min(section, batch * heads))
     _launches.launch(
         plan, (programs,),

@@ -135,19 +135,21 @@ def test_persistent_launches_go_in_sections_of_heads_that_share_an_eighth_of_the
     l2 = 50 * 2**20
     for n, batch, expected in ((1024, 16, 12), (2048, 8, 6), (4096, 4, 3), (8192, 2, 1)):
         kv_bytes, kv_heads = batch * 16 * 2 * n * 128 * 2, batch * 16
-        assert runs_persistent(kv_bytes, kv_heads, l2)
-        assert pairs_per_section(kv_bytes, kv_heads, l2, group_size=1) == expected
+        for causal in (True, False):
+            assert runs_persistent(kv_bytes, kv_heads, causal, l2)
+            assert pairs_per_section(kv_bytes, kv_heads, causal, l2, group_size=1) == expected
     kv_16k = 16 * 2 * 16384 * 128 * 2  # 8 MiB per head, beyond 6.25, and 128 MiB in all: one program per item
-    assert not runs_persistent(kv_16k, 16, l2)
-    # K and V within the L2: all heads in one section, however large one head is (4 heads × 8 MiB)
-    assert runs_persistent(4 * 2 * 16384 * 128 * 2, 4, l2)
-    assert pairs_per_section(4 * 2 * 16384 * 128 * 2, 4, l2, group_size=1) == 4
+    assert not runs_persistent(kv_16k, 16, True, l2) and not runs_persistent(kv_16k, 16, False, l2)
+    # causal with K and V within the L2: all heads in one section, however large one head is (4 × 8 MiB);
+    # not causal, one head beyond an eighth of the L2 means one program per item
+    assert runs_persistent(4 * 2 * 16384 * 128 * 2, 4, True, l2)
+    assert pairs_per_section(4 * 2 * 16384 * 128 * 2, 4, True, l2, group_size=1) == 4
+    assert not runs_persistent(4 * 2 * 16384 * 128 * 2, 4, False, l2)
     # grouped-query attention, 32 query heads on 8 key/value heads: sections hold whole groups
-    prefill_kv = 8 * 2 * 4096 * 128 * 2  # 16 MiB: within the L2, one section of all 32 query heads
-    assert pairs_per_section(prefill_kv, 8, l2, group_size=4) == 32
-    batched_kv = 8 * prefill_kv  # 8 sequences, 128 MiB: 2 MiB per key/value head, 3 of them per section
-    assert runs_persistent(batched_kv, 64, l2) and pairs_per_section(batched_kv, 64, l2, group_size=4) == 12
-    assert not runs_persistent(8 * 2 * 16384 * 128 * 2, 8, l2)  # 64 MiB, 8 MiB per key/value head
+    prefill_kv = 8 * 2 * 4096 * 128 * 2  # 16 MiB, 2 MiB per key/value head
+    assert pairs_per_section(prefill_kv, 8, True, l2, group_size=4) == 32  # causal: one section
+    assert pairs_per_section(prefill_kv, 8, False, l2, group_size=4) == 12  # 3 key/value heads' queries
+    assert not runs_persistent(8 * 2 * 16384 * 128 * 2, 8, True, l2)  # 64 MiB, 8 MiB per key/value head
 
 
 def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch):

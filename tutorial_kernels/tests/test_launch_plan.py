@@ -243,7 +243,7 @@ def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeyp
     if n_k == "beyond":  # one head's K and V beyond an eighth of the L2, all of them beyond the L2
         n_k = torch.cuda.get_device_properties(0).L2_cache_size // 8 // (2 * 128 * 2) + 64
     kv_bytes = batch * kv_heads * 2 * n_k * 128 * 2
-    one_program_per_item = not ch05_hopper.runs_persistent(kv_bytes, batch * kv_heads,
+    one_program_per_item = not ch05_hopper.runs_persistent(kv_bytes, batch * kv_heads, causal,
                                                            torch.cuda.get_device_properties(0).L2_cache_size)
     assert one_program_per_item == (shape[4] == "beyond"), "the shapes cover both kinds of launch"
     _full_launch_only(monkeypatch, ch05_hopper, "_launches")
