@@ -70,8 +70,8 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 # From how many queries and keys on the model adapter prefers this kernel to chapter 5's Triton kernel
 # (`preferred_over_triton`), as measured on the H100. With persistent programs it was faster from 1024
 # on, at the prefill models' shape (data/ch05_hopper_prefill_shape.json) and the FA2 paper's
-# (data/ch05_hopper.json); with one program per item only from 2048 on (prefill shape: 33.1 µs at 1024
-# against the Triton kernel's 32.2, 90.3 at 2048 against its 101.2). Below that, each item has a few
+# (data/ch05_hopper.json); with one program per item only from 2048 on (prefill shape: 32.8 µs at 1024
+# against the Triton kernel's 32.0, 89.5 at 2048 against its 100.0). Below that, each item has a few
 # key tiles, and the loop's first and last steps, which overlap nothing, weigh most. A decoding step
 # (one query) would fill a 128-row tile with a single row: never measured, left to the Triton kernel.
 MIN_KEYS_PERSISTENT = 1024
