@@ -170,8 +170,9 @@ def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, 
     prompt's forward waits on the CPU) or on the GPU lands on every implementation alike, and
     nothing is freed between timed forwards (only after each warm-up, so an implementation's first
     timed forward may allocate; the median is not moved by one forward). Returns
-    impl → row fields: status "ok" with ms (median over all forwards), ms_min, reps, peak_gib; or
-    "oom" / "error"."""
+    impl → row fields: status "ok" with ms (median over all forwards), ms_min, reps, peak_gib and
+    ms_all (every forward in the order they ran: the k-th of each implementation ran in turn k, so
+    two implementations can be compared turn by turn); or "oom" / "error"."""
     rows: dict[str, dict] = {}
     times: dict[str, list[float]] = {}
     peaks: dict[str, float] = {}
@@ -204,7 +205,7 @@ def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, 
     for impl in times:
         if rows[impl]["status"] == "ok":
             rows[impl].update(ms=statistics.median(times[impl]), ms_min=min(times[impl]), reps=len(times[impl]),
-                              peak_gib=peaks[impl])
+                              peak_gib=peaks[impl], ms_all=[round(t, 4) for t in times[impl]])
     return rows
 
 
@@ -281,7 +282,8 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
         timing=f"CUDA events around each forward; per length, every implementation warmed up (2 forwards, 1 "
         "beyond 4096 tokens), then timed one forward at a time, the implementations taking turns (a b c, a c b, "
         f"...: each follows each other equally often) until each has about {seconds:g} s of forwards "
-        f"({MIN_REPS} to {MAX_REPS}); nothing freed between timed forwards; ms is the median of all its forwards",
+        f"({MIN_REPS} to {MAX_REPS}); nothing freed between timed forwards; ms is the median of all its forwards, "
+        "ms_all lists them in order (the k-th of each implementation ran in turn k)",
         peak_memory="torch.cuda.max_memory_allocated during the timed forwards, weights included",
     )
     result = {

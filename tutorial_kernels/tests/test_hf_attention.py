@@ -7,6 +7,8 @@ checked for their published sizes on the meta device, which allocates nothing.
 
 import os
 
+import statistics
+
 import pytest
 import torch
 
@@ -265,6 +267,44 @@ def test_prefill_turns_let_each_implementation_follow_each_other_equally_often(i
     pairs = Counter(zip(forwards, forwards[1:] + forwards[:1]))  # (before, after), cyclically
     wanted = {(a, b): 6 // max(1, len(impls) - 1) for a in impls for b in impls if a != b or len(impls) == 1}
     assert pairs == wanted
+
+
+def test_prefill_timing_takes_turns_and_records_every_forward_in_order(monkeypatch):
+    # The turn loop with stand-ins for the model, the GPU clock and the allocator: each "forward" takes
+    # a fixed time per implementation, so the number of forwards follows from `seconds`.
+    from tutorial_kernels import prefill
+
+    class StandIn:
+        impl = None
+
+        def set_attn_implementation(self, impl):
+            self.impl = impl
+
+    model, ran = StandIn(), []
+    cost_ms = {"eager": 500.0, "sdpa": 40.0, "ours": 39.0}
+
+    def fake_forward(m, inputs):
+        ran.append(m.impl)
+        return cost_ms[m.impl] + len(ran) / 1000  # distinct values, in the order they ran
+
+    monkeypatch.setattr(prefill, "time_forward", fake_forward)
+    monkeypatch.setattr(prefill, "warm_up", lambda m, inputs, forwards: None)
+    monkeypatch.setattr(prefill, "_free", lambda: None)
+    monkeypatch.setattr(prefill.torch.cuda, "reset_peak_memory_stats", lambda: None)
+    monkeypatch.setattr(prefill.torch.cuda, "max_memory_allocated", lambda: 2**30)
+    rows = prefill.time_implementations(model, {}, ["eager", "sdpa", "ours"], warmup=1, seconds=1.0)
+
+    assert rows["eager"]["reps"] == prefill.MIN_REPS  # 2 fit in a second: the floor
+    assert rows["sdpa"]["reps"] == 25 and rows["ours"]["reps"] == 26  # ceil(1000 / 40), ceil(1000 / 39)
+    for impl, row in rows.items():
+        assert row["status"] == "ok" and len(row["ms_all"]) == row["reps"]
+        assert row["ms_all"] == sorted(row["ms_all"])  # in the order they ran
+        assert row["ms"] == statistics.median(row["ms_all"]) and row["ms_min"] == row["ms_all"][0]
+    # the k-th forward of sdpa and of ours ran in the same turn, next to each other
+    for k in range(25):
+        sdpa_at = round((rows["sdpa"]["ms_all"][k] - 40.0) * 1000) - 1
+        ours_at = round((rows["ours"]["ms_all"][k] - 39.0) * 1000) - 1
+        assert ran[sdpa_at] == "sdpa" and ran[ours_at] == "ours" and abs(sdpa_at - ours_at) <= 2
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
