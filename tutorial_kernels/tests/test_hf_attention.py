@@ -6,7 +6,6 @@ checked for their published sizes on the meta device, which allocates nothing.
 """
 
 import os
-
 import statistics
 
 import pytest
