@@ -209,6 +209,38 @@ def time_implementations(model, inputs: dict, impls: list[str], *, warmup: int, 
     return rows
 
 
+# --8<-- [start:paired]
+CONFIDENCE = 0.95  # of the interval around the paired ratio
+
+
+def paired_ratio(ours_ms: list[float], base_ms: list[float], confidence: float = CONFIDENCE) -> dict:
+    """Ours against a baseline, forward by forward: the median of ours_k / base_k over the turns k
+    both ran, with a distribution-free confidence interval for it, and a verdict.
+
+    Turn k's two forwards ran back to back (see `time_implementations`), so whatever drifts over a
+    run (clocks, temperature, the host) cancels in their ratio, which two separate medians do not
+    undo. The interval is the sign test's: the sorted ratios r_(j) … r_(m+1-j), with j the largest
+    for which P(Binomial(m, ½) < j) ≤ (1 − confidence) / 2 (e.g. Conover, *Practical
+    Nonparametric Statistics*, §3.2), so it assumes nothing about the shape of the noise. Verdict:
+    "faster" if the whole interval lies below 1, "slower" if above, "level" if it holds 1 (the
+    run cannot tell the two apart), "too few turns" if m is too small for any interval."""
+    turns = min(len(ours_ms), len(base_ms))
+    ratios = sorted(o / b for o, b in zip(ours_ms[:turns], base_ms[:turns]))
+    tail, below, j = (1 - confidence) / 2, 0.0, 0
+    while True:  # below = P(B < j + 1) = P(B ≤ j); grow j while the tail stays within bounds
+        below += math.comb(turns, j) / 2**turns
+        if below > tail or j >= turns // 2:
+            break
+        j += 1
+    result = {"ratio": statistics.median(ratios) if ratios else math.nan, "turns": turns, "confidence": confidence}
+    if j == 0:  # even the widest interval, min to max, covers the median less often than asked
+        return {**result, "low": None, "high": None, "verdict": "too few turns"}
+    low, high = ratios[j - 1], ratios[turns - j]
+    verdict = "faster" if high < 1.0 else "slower" if low > 1.0 else "level"
+    return {**result, "low": low, "high": high, "verdict": verdict}
+# --8<-- [end:paired]
+
+
 def _guarded(step) -> dict:
     """Run step(); out of memory and other failures become a status, not an exception."""
     oom = False
@@ -386,6 +418,15 @@ def summary(result: dict) -> str:
                 cells.append(f"{cell:>{width}}")
             lines.append(f"{result['models'][key]['label']:12} {n:>6} " + " ".join(cells))
     lines.append("(ms: median prefill latency; ×: speedup over eager)")
+    if {"tutorial_fa2", "sdpa"} <= set(impls):
+        lines.append("tutorial_fa2 / sdpa, turn by turn (median ratio [95% interval], verdict):")
+        for (key, n, impl), r in rows.items():
+            sdpa = rows.get((key, n, "sdpa"))
+            if impl != "tutorial_fa2" or r["status"] != "ok" or not sdpa or sdpa["status"] != "ok":
+                continue
+            c = paired_ratio(r["ms_all"], sdpa["ms_all"])
+            interval = f"[{c['low']:.3f}, {c['high']:.3f}]" if c["low"] is not None else "[—]"
+            lines.append(f"  {result['models'][key]['label']:12} {n:>6}: {c['ratio']:.3f} {interval} {c['verdict']}")
     for check in result["checks"]:
         lines.append(f"check {check['model']} N={check['n']}: last-position logits vs sdpa "
                      f"{check.get('rel_err_last_logits')} (tolerance {check.get('tolerance')}): "

@@ -306,6 +306,66 @@ def test_prefill_timing_takes_turns_and_records_every_forward_in_order(monkeypat
         assert ran[sdpa_at] == "sdpa" and ran[ours_at] == "ours" and abs(sdpa_at - ours_at) <= 2
 
 
+def test_paired_ratio_interval_is_the_sign_tests():
+    from tutorial_kernels.prefill import paired_ratio
+
+    base = [10.0] * 9
+    ours = [10.0 * (1 + i / 100) for i in (3, -2, 5, 1, 4, 0.5, 2, 6, 7)]  # ratios 0.98 … 1.07
+    c = paired_ratio(ours, base)
+    # m = 9: P(B ≤ 1) = 10/512 ≤ 0.025 < P(B ≤ 2) = 46/512, so the interval is r_(2) … r_(8)
+    assert c["turns"] == 9 and c["ratio"] == pytest.approx(1.03)
+    assert (c["low"], c["high"]) == (pytest.approx(1.005), pytest.approx(1.06)) and c["verdict"] == "slower"
+    # one more turn with ours 20 % faster moves the interval's low end below 1: m = 10, r_(2) … r_(9)
+    c = paired_ratio([8.0, *ours], [10.0, *base])
+    assert (c["low"], c["high"]) == (pytest.approx(0.98), pytest.approx(1.06)) and c["verdict"] == "level"
+    assert paired_ratio([9.0] * 6, [10.0] * 6)["verdict"] == "faster"  # m = 6: min … max, coverage 96.9 %
+    few = paired_ratio([9.0] * 5, [10.0] * 5)
+    assert few["verdict"] == "too few turns" and few["low"] is None and few["ratio"] == pytest.approx(0.9)
+    # turns pair by position; the longer list's extra forwards are left out
+    assert paired_ratio([9.0] * 7 + [50.0], [10.0] * 7)["turns"] == 7
+
+
+def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
+    from tutorial_kernels.prefill import paired_ratio
+
+    # the GPU slows down by 6 % over the run and sdpa's forwards are ± 0.4 % noisy, so the two sets of
+    # times overlap almost entirely; turn by turn, ours is 0.5 % faster every time
+    drift = [60.0 + 0.1 * k for k in range(40)]
+    base = [t * (1 + 0.004 * (-1) ** k) for k, t in enumerate(drift)]
+    ours = [t * 0.995 for t in drift]
+    assert min(base) < max(ours) * 0.95
+    c = paired_ratio(ours, base)
+    assert c["verdict"] == "faster" and c["high"] == pytest.approx(0.995 / 0.996) and 0.99 < c["ratio"] < 1.0
+
+
+def test_prefill_summary_and_figure_show_the_paired_comparison():
+    from tutorial_kernels import figures_prefill, prefill
+
+    fast = [60.0 + 0.01 * k for k in range(12)]
+    data = {
+        "models": {"m": {"label": "Model"}},
+        "implementations": {"sdpa": "torch SDPA", "tutorial_fa2": "ours"},
+        "results": [
+            {"model": "m", "impl": "sdpa", "n": 2048, "status": "ok", "ms": 60.0, "ms_all": fast},
+            {"model": "m", "impl": "tutorial_fa2", "n": 2048, "status": "ok", "ms": 61.0,
+             "ms_all": [t * 1.01 for t in fast]},  # slower in every turn
+            {"model": "m", "impl": "sdpa", "n": 4096, "status": "ok", "ms": 120.0},  # no per-forward times
+            {"model": "m", "impl": "tutorial_fa2", "n": 4096, "status": "ok", "ms": 119.0},
+        ],
+        "checks": [],
+        "provenance": {"gpu": "test", "torch": "t", "triton": "t", "cuda": "t", "date_utc": "2026-11-23",
+                       "git_commit": "0", "command": "test"},
+    }
+    compared = figures_prefill.sdpa_comparison(data)
+    assert compared[("m", 2048)]["verdict"] == "slower" and compared[("m", 2048)]["ratio"] == pytest.approx(1.01)
+    assert compared[("m", 4096)] == {"ratio": pytest.approx(119 / 120), "low": None, "high": None, "verdict": None}
+    table = figures_prefill.prefill_vs_sdpa(data).data[0]
+    assert "✗ slower" in table.cells.values[1][0] and "[1.010, 1.010]" in table.cells.values[1][0]
+    assert table.cells.values[2][0] == f"{119 / 120:.3f}"  # no interval, no verdict
+    data["results"] = data["results"][:2]
+    assert "Model          2048: 1.010 [1.010, 1.010] slower" in prefill.summary(data)
+
+
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
 def test_prefill_benchmark_refuses_without_a_gpu(capsys):
     from tutorial_kernels.prefill import main
