@@ -338,34 +338,6 @@ def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
     assert c["verdict"] == "faster" and c["high"] == pytest.approx(0.995 / 0.996) and 0.99 < c["ratio"] < 1.0
 
 
-def test_prefill_summary_and_figure_show_the_paired_comparison():
-    from tutorial_kernels import figures_prefill, prefill
-
-    fast = [60.0 + 0.01 * k for k in range(12)]
-    data = {
-        "models": {"m": {"label": "Model"}},
-        "implementations": {"sdpa": "torch SDPA", "tutorial_fa2": "ours"},
-        "results": [
-            {"model": "m", "impl": "sdpa", "n": 2048, "status": "ok", "ms": 60.0, "ms_all": fast},
-            {"model": "m", "impl": "tutorial_fa2", "n": 2048, "status": "ok", "ms": 61.0,
-             "ms_all": [t * 1.01 for t in fast]},  # slower in every turn
-            {"model": "m", "impl": "sdpa", "n": 4096, "status": "ok", "ms": 120.0},  # no per-forward times
-            {"model": "m", "impl": "tutorial_fa2", "n": 4096, "status": "ok", "ms": 119.0},
-        ],
-        "checks": [],
-        "provenance": {"gpu": "test", "torch": "t", "triton": "t", "cuda": "t", "date_utc": "2026-11-23",
-                       "git_commit": "0", "command": "test"},
-    }
-    compared = figures_prefill.sdpa_comparison(data)
-    assert compared[("m", 2048)]["verdict"] == "slower" and compared[("m", 2048)]["ratio"] == pytest.approx(1.01)
-    assert compared[("m", 4096)] == {"ratio": pytest.approx(119 / 120), "low": None, "high": None, "verdict": None}
-    table = figures_prefill.prefill_vs_sdpa(data).data[0]
-    assert "✗ slower" in table.cells.values[1][0] and "[1.010, 1.010]" in table.cells.values[1][0]
-    assert table.cells.values[2][0] == f"{119 / 120:.3f}"  # no interval, no verdict
-    data["results"] = data["results"][:2]
-    assert "Model          2048: 1.010 [1.010, 1.010] slower" in prefill.summary(data)
-
-
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
 def test_prefill_benchmark_refuses_without_a_gpu(capsys):
     from tutorial_kernels.prefill import main
