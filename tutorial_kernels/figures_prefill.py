@@ -135,13 +135,13 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
 
 
 SDPA_BAR_MIN_N = 2048  # issue 8: from this length on, our prefill must be no slower than sdpa's
-VERDICT_MARKS = {"faster": ("✓ faster", "#c7e9c0"), "level": ("= level", "#f0f0f0"),
+VERDICT_MARKS = {"faster": ("✓ faster", "#c7e9c0"), "undecided": ("≈ undecided", "#f0f0f0"),
                  "slower": ("✗ slower", "#fcbba1"), "too few turns": ("? too few turns", "#fff7bc")}
 
 
 def sdpa_comparison(data: dict) -> dict:
     """(model, n) → our prefill against sdpa's, turn by turn (`prefill.paired_ratio`): the median
-    ratio of the two forwards of each turn, its 95 % interval and the verdict. Rows without
+    over pairs of turns of the two forwards' ratio, its 95 % interval and the verdict. Rows without
     per-forward times (files written before they were recorded) get the ratio of the medians and
     no verdict."""
     from tutorial_kernels.prefill import paired_ratio
@@ -177,9 +177,10 @@ def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
                 column.append("—")
                 fill.append("white")
                 continue
-            text = f"{c['ratio']:.3f}"
-            if c["low"] is not None:
-                text += f"<br>[{c['low']:.3f}, {c['high']:.3f}]"
+            if c["low"] is None:
+                text = f"{c['ratio']:.3f}" if c["verdict"] is None else f"{c['ratio']:.4f}"
+            else:  # four decimals: an end just below 1 must not print as 1.000 beside "faster"
+                text = f"{c['ratio']:.4f}<br>[{c['low']:.4f}, {c['high']:.4f}]"
             mark, colour = VERDICT_MARKS.get(c["verdict"], ("", "white"))
             column.append(f"{text}<br>{mark}" if mark else text)
             fill.append(colour if n >= SDPA_BAR_MIN_N else "white")
@@ -188,7 +189,7 @@ def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
     fig = go.Figure(go.Table(header=dict(values=header, align="left", fill_color="#e8eaf6"),
                              cells=dict(values=cells, fill_color=colours, align="left", height=64)))
     fig.update_layout(height=420)
-    _layout(fig, data, "Prefill latency, ours / sdpa, turn by turn (median ratio, 95 % interval); "
+    _layout(fig, data, "Prefill latency, ours / sdpa, by pairs of turns (median ratio, 95 % interval); "
             f"bar: not slower from N = {SDPA_BAR_MIN_N} (shaded)")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig

@@ -306,23 +306,48 @@ def test_prefill_timing_takes_turns_and_records_every_forward_in_order(monkeypat
         assert ran[sdpa_at] == "sdpa" and ran[ours_at] == "ours" and abs(sdpa_at - ours_at) <= 2
 
 
+def turns_with_pair_values(values: list[float]) -> tuple[list[float], list[float]]:
+    """(ours, base) forward times whose pairs of turns have the given ratios: ours over base is v in
+    turn 2i and v again in turn 2i + 1, so the pair's geometric mean is v."""
+    base = [10.0] * (2 * len(values))
+    return [10.0 * v for v in values for _ in range(2)], base
+
+
 def test_paired_ratio_interval_is_the_sign_tests():
     from tutorial_kernels.prefill import paired_ratio
 
-    base = [10.0] * 9
-    ours = [10.0 * (1 + i / 100) for i in (3, -2, 5, 1, 4, 0.5, 2, 6, 7)]  # ratios 0.98 … 1.07
-    c = paired_ratio(ours, base)
-    # m = 9: P(B ≤ 1) = 10/512 ≤ 0.025 < P(B ≤ 2) = 46/512, so the interval is r_(2) … r_(8)
-    assert c["turns"] == 9 and c["ratio"] == pytest.approx(1.03)
+    values = [1.03, 0.98, 1.05, 1.01, 1.04, 1.005, 1.02, 1.06, 1.07]
+    c = paired_ratio(*turns_with_pair_values(values))
+    # m = 9 pairs: P(B ≤ 1) = 10/512 ≤ 0.025 < P(B ≤ 2) = 46/512, so the interval is v_(2) … v_(8)
+    assert (c["turns"], c["pairs"]) == (18, 9) and c["ratio"] == pytest.approx(1.03)
     assert (c["low"], c["high"]) == (pytest.approx(1.005), pytest.approx(1.06)) and c["verdict"] == "slower"
-    # one more turn with ours 20 % faster moves the interval's low end below 1: m = 10, r_(2) … r_(9)
-    c = paired_ratio([8.0, *ours], [10.0, *base])
-    assert (c["low"], c["high"]) == (pytest.approx(0.98), pytest.approx(1.06)) and c["verdict"] == "level"
-    assert paired_ratio([9.0] * 6, [10.0] * 6)["verdict"] == "faster"  # m = 6: min … max, coverage 96.9 %
-    few = paired_ratio([9.0] * 5, [10.0] * 5)
+    # one more pair with ours 20 % faster moves the interval's low end below 1: m = 10, v_(2) … v_(9)
+    c = paired_ratio(*turns_with_pair_values([0.8, *values]))
+    assert (c["low"], c["high"]) == (pytest.approx(0.98), pytest.approx(1.06)) and c["verdict"] == "undecided"
+    six = paired_ratio([9.0] * 12, [10.0] * 12)  # m = 6: min … max, coverage 1 − 2/64 = 96.9 %
+    assert six["verdict"] == "faster" and six["pairs"] == 6
+    few = paired_ratio([9.0] * 11, [10.0] * 11)  # 5 pairs (the odd last turn is left out): no interval
     assert few["verdict"] == "too few turns" and few["low"] is None and few["ratio"] == pytest.approx(0.9)
-    # turns pair by position; the longer list's extra forwards are left out
-    assert paired_ratio([9.0] * 7 + [50.0], [10.0] * 7)["turns"] == 7
+    # turns match by position; the longer list's extra forwards are left out
+    assert paired_ratio([9.0] * 13 + [50.0], [10.0] * 13)["turns"] == 13
+    with pytest.raises(ValueError, match="confidence must lie strictly between 0 and 1, got 1.0"):
+        paired_ratio([9.0] * 12, [10.0] * 12, confidence=1.0)
+
+
+def test_paired_ratio_cancels_what_runs_before_a_forward():
+    from tutorial_kernels.prefill import paired_ratio
+
+    # whichever of the two runs first in a turn (right after eager) is 3.5 % faster; the order flips
+    # every turn; ours is 0.5 % faster throughout. Turn by turn the ratios straddle 1, half and half;
+    # by pairs of turns every value is 0.995
+    ours, base = [], []
+    for k in range(40):
+        ours_first = k % 2 == 1
+        ours.append(60.0 * 0.995 * (0.965 if ours_first else 1.0))
+        base.append(60.0 * (1.0 if ours_first else 0.965))
+    assert sum(o > b for o, b in zip(ours, base)) == 20
+    c = paired_ratio(ours, base)
+    assert c["verdict"] == "faster" and c["low"] == pytest.approx(0.995) and c["high"] == pytest.approx(0.995)
 
 
 def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
@@ -335,7 +360,7 @@ def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
     ours = [t * 0.995 for t in drift]
     assert min(base) < max(ours) * 0.95
     c = paired_ratio(ours, base)
-    assert c["verdict"] == "faster" and c["high"] == pytest.approx(0.995 / 0.996) and 0.99 < c["ratio"] < 1.0
+    assert c["verdict"] == "faster" and c["high"] < 0.996 and c["ratio"] == pytest.approx(0.995, abs=1e-4)
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
