@@ -189,9 +189,9 @@ def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
     fig = go.Figure(go.Table(header=dict(values=header, align="left", fill_color="#e8eaf6"),
                              cells=dict(values=cells, fill_color=colours, align="left", height=64)))
     fig.update_layout(height=420)
-    _layout(fig, data, "Prefill latency, ours / sdpa, by pairs of turns (median ratio, 95 % interval); "
-            f"bar: not slower from N = {SDPA_BAR_MIN_N} (shaded)")
-    fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
+    _layout(fig, data, "Prefill latency, ours / sdpa, by pairs of turns: median ratio [95 % interval]<br>"
+            f"bar: not slower from N = {SDPA_BAR_MIN_N} (shaded cells)")
+    fig.update_layout(margin=dict(t=150, l=10, r=10, b=10))
     return fig
 
 
