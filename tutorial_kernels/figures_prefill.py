@@ -10,6 +10,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tutorial_kernels.plots import PROVIDER_COLOURS, _layout, figure, load_data
+from tutorial_kernels.prefill import compare_with_sdpa
 
 # the colours the benchmark pages use for the same kernels
 IMPL_COLOURS = {
@@ -139,33 +140,13 @@ VERDICT_MARKS = {"faster": ("✓ faster", "#c7e9c0"), "undecided": ("≈ undecid
                  "slower": ("✗ slower", "#fcbba1"), "too few turns": ("? too few turns", "#fff7bc")}
 
 
-def sdpa_comparison(data: dict) -> dict:
-    """(model, n) → our prefill against sdpa's, turn by turn (`prefill.paired_ratio`): the median
-    over pairs of turns of the two forwards' ratio, its 95 % interval and the verdict. Rows without
-    per-forward times (files written before they were recorded) get the ratio of the medians and
-    no verdict."""
-    from tutorial_kernels.prefill import paired_ratio
-
-    rows = _rows(data)
-    compared = {}
-    for key in data["models"]:
-        for n in _lengths(data):
-            ours, sdpa = rows.get((key, "tutorial_fa2", n)), rows.get((key, "sdpa", n))
-            if not (ours and sdpa and ours["status"] == sdpa["status"] == "ok"):
-                continue
-            if "ms_all" in ours and "ms_all" in sdpa:
-                compared[(key, n)] = paired_ratio(ours["ms_all"], sdpa["ms_all"])
-            else:
-                compared[(key, n)] = {"ratio": ours["ms"] / sdpa["ms"], "low": None, "high": None, "verdict": None}
-    return compared
-
-
 @figure("prefill-vs-sdpa")
 def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
-    """Our prefill latency over sdpa's, per model and length, turn by turn with a 95 % interval,
+    """Our prefill latency over sdpa's, per model and length, by pairs of turns with a 95 % interval
+    (`prefill.compare_with_sdpa`),
     against issue 8's bar: not slower at any length from SDPA_BAR_MIN_N on (below it, for reference)."""
     data = data or load_data("prefill")
-    compared = sdpa_comparison(data)
+    compared = compare_with_sdpa(data)
     lengths = _lengths(data)
     header = ["<b>model</b>", *[f"<b>N = {n}</b>" for n in lengths]]
     cells, colours = [[m["label"] for m in data["models"].values()]], [["white"] * len(data["models"])]

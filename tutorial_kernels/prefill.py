@@ -225,9 +225,10 @@ def paired_ratio(ours_ms: list[float], base_ms: list[float], confidence: float =
 
     The k-th forwards of the two ran in turn k, one right after the other (`time_implementations`),
     so what drifts over a run (clocks, temperature, the host) is in both and cancels in their ratio
-    r_k = ours_k / base_k. What precedes a forward does not cancel: the one that runs right after
-    eager's forward is a few percent faster (H100, data/prefill.json), and `turn_order` puts the two
-    in one order on even turns and in the other on odd ones. So turns 2i and 2i + 1 are taken
+    r_k = ours_k / base_k. Their order within the turn does not cancel: while eager is timed too,
+    which of the two runs right after it moves r_k by several percent (H100,
+    data/logs/2026-11-23_h100_prefill_95784f6.json), and `turn_order` puts the two in one order on
+    even turns and in the other on odd ones. So turns 2i and 2i + 1 are taken
     together, as the geometric mean of r_2i and r_2i+1, in which that effect cancels too (an odd last
     turn is left out). The interval is the sign test's: with m such values sorted, v_(j) … v_(m+1−j),
     j the largest for which P(Binomial(m, ½) < j) ≤ (1 − confidence) / 2 (e.g. Conover, *Practical
@@ -256,6 +257,24 @@ def paired_ratio(ours_ms: list[float], base_ms: list[float], confidence: float =
     verdict = "faster" if high < 1.0 else "slower" if low > 1.0 else "undecided"
     return {**result, "low": low, "high": high, "verdict": verdict}
 # --8<-- [end:paired]
+
+
+def compare_with_sdpa(result: dict) -> dict[tuple[str, int], dict]:
+    """(model, n) → `paired_ratio` of tutorial_fa2 against sdpa, for every length at which both ran.
+    Rows without per-forward times (files written before they were kept) get the ratio of the two
+    medians, with no interval and verdict None."""
+    rows = {(r["model"], r["impl"], r["n"]): r for r in result["results"]}
+    compared = {}
+    for key in result["models"]:
+        for n in sorted({r["n"] for r in result["results"] if r["model"] == key}):
+            ours, sdpa = rows.get((key, "tutorial_fa2", n)), rows.get((key, "sdpa", n))
+            if not (ours and sdpa and ours["status"] == sdpa["status"] == "ok"):
+                continue
+            if "ms_all" in ours and "ms_all" in sdpa:
+                compared[(key, n)] = paired_ratio(ours["ms_all"], sdpa["ms_all"])
+            else:
+                compared[(key, n)] = {"ratio": ours["ms"] / sdpa["ms"], "low": None, "high": None, "verdict": None}
+    return compared
 
 
 def format_paired(c: dict) -> str:
@@ -442,15 +461,10 @@ def summary(result: dict) -> str:
                 cells.append(f"{cell:>{width}}")
             lines.append(f"{result['models'][key]['label']:12} {n:>6} " + " ".join(cells))
     lines.append("(ms: median prefill latency; ×: speedup over eager)")
-    if {"tutorial_fa2", "sdpa"} <= set(impls):
+    compared = {cell: c for cell, c in compare_with_sdpa(result).items() if c["verdict"] is not None}
+    if compared:
         lines.append("tutorial_fa2 / sdpa, by pairs of turns (median ratio [95% interval], verdict):")
-        for (key, n, impl), r in rows.items():
-            sdpa = rows.get((key, n, "sdpa"))
-            if impl != "tutorial_fa2" or not sdpa or not (r["status"] == sdpa["status"] == "ok"):
-                continue
-            if "ms_all" not in r or "ms_all" not in sdpa:
-                continue  # a file from before per-forward times were kept
-            c = paired_ratio(r["ms_all"], sdpa["ms_all"])
+        for (key, n), c in compared.items():
             lines.append(f"  {result['models'][key]['label']:12} {n:>6}: {format_paired(c)}")
     for check in result["checks"]:
         lines.append(f"check {check['model']} N={check['n']}: last-position logits vs sdpa "
