@@ -1,5 +1,5 @@
 """Put Plotly figures on pages: a line `<!-- figure: NAME -->` becomes the figure `NAME` from
-`tutorial_kernels.plots` (the registry the notebooks draw from too, so page and notebook agree).
+`tutorial_kernels.figures` (the registry the notebooks draw from too, so page and notebook agree).
 
 The figure HTML is not pasted into the Markdown: Python-Markdown passes raw HTML through
 untouched only at column 0, not inside an admonition or a tab. So `on_page_markdown` turns the
@@ -43,12 +43,12 @@ def find_markers(markdown: str) -> Iterator[Marker]:
 def _plots():
     # Imported on first use: the package imports torch and triton, which pages without figures
     # need not wait for.
-    return importlib.import_module("tutorial_kernels.plots")
+    return importlib.import_module("tutorial_kernels.figures")
 
 
 def on_pre_build(config) -> None:
     # `mkdocs serve` rebuilds in the same process: re-read plots.py so that edited figures show.
-    if (plots := sys.modules.get("tutorial_kernels.plots")) is not None:
+    if (plots := sys.modules.get("tutorial_kernels.figures")) is not None:
         importlib.reload(plots)
 
 

@@ -31,7 +31,7 @@ def prefill_data_one_model() -> dict:
 
 
 def test_prefill_summary_compares_with_sdpa_turn_by_turn():
-    from tutorial_kernels import prefill
+    from tutorial_kernels.integrations import prefill
 
     lines = prefill.summary(prefill_data_one_model()).splitlines()
     assert "  Model          2048: 1.0100 [1.0100, 1.0100] slower" in lines
@@ -39,7 +39,8 @@ def test_prefill_summary_compares_with_sdpa_turn_by_turn():
 
 
 def test_prefill_vs_sdpa_table_shows_ratio_interval_and_verdict():
-    from tutorial_kernels import figures_prefill, prefill
+    from tutorial_kernels.figures import prefill as figures_prefill
+    from tutorial_kernels.integrations import prefill
 
     data = prefill_data_one_model()
     compared = prefill.compare_with_sdpa(data)

@@ -109,7 +109,7 @@ def test_notebook_page(built_site, notebook: Path):
     outputs = [o for c in nb["cells"] if c["cell_type"] == "code" for o in c.get("outputs", [])]
     plotly_outputs = [o for o in outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
     for o in plotly_outputs:
-        assert "text/html" in o["data"], f"{notebook.name}: a plotly output has no text/html; draw it with tutorial_kernels.plots.show(fig)"
+        assert "text/html" in o["data"], f"{notebook.name}: a plotly output has no text/html; draw it with tutorial_kernels.figures.show(fig)"
     assert page.count('class="plotly-graph-div"') >= len(plotly_outputs), f"{page_path}: figures missing"
 
 
@@ -175,7 +175,7 @@ def test_no_page_loads_anything_from_the_network(built_site):
 def test_figure_hook(tmp_path, mkdocs_build):
     """A known figure becomes a plotly div, even inside an admonition; a marker in code stays code;
     an unknown name fails the build and says where."""
-    from tutorial_kernels import plots
+    from tutorial_kernels import figures as plots
 
     name = sorted(plots.FIGURES)[0]
     (tmp_path / "docs").mkdir()

@@ -13,7 +13,7 @@ Everything the later chapters rely on, shown with one small problem, the sum of 
    results through shared memory. GPU only (it needs nvcc and a CUDA device).
 3. `device_properties` and `resident_programs_per_sm`: the numbers that decide how many programs an
    SM holds at once (its occupancy), read off the device, and the calculation that uses them.
-   `tutorial_kernels.timeline` then measures where programs actually ran.
+   `tutorial_kernels.instruments.timeline` then measures where programs actually ran.
 
 Every sum accumulates in float32 whatever the input dtype, and is checked against `torch.sum` in
 float64 with the error measured relative to Σ|x_i| (see `reduction_error`).
@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels import timeline
+from tutorial_kernels import recorder
 from tutorial_kernels.validation import SUPPORTED_DTYPES, check_triton_tensor
 
 REDUCTION_BLOCK = 4096  # elements per program: 16 float32 (four 16-byte loads) per thread at 8 warps
@@ -42,7 +42,7 @@ REDUCTION_WARPS = 8
 
 # --8<-- [start:partial_sums_kernel]
 @triton.jit
-def _partial_sums_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+def partial_sums_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     """Program p sums x[p·BLOCK : (p+1)·BLOCK] in float32 and writes partial[p]."""
     pid = tl.program_id(0).to(tl.int64)  # 64-bit: pid · BLOCK passes 2³¹ for inputs over 8 GiB
     offs = pid * BLOCK + tl.arange(0, BLOCK)  # (BLOCK,) element indices of this program's tile
@@ -87,7 +87,7 @@ def triton_sum(x: torch.Tensor, *, method: str = "two-pass") -> torch.Tensor:
     values = x
     while True:  # at least one pass, so a float16 input of one element still comes back as float32
         partial = torch.empty(triton.cdiv(n, REDUCTION_BLOCK), dtype=torch.float32, device=x.device)
-        _partial_sums_kernel[(partial.numel(),)](
+        partial_sums_kernel[(partial.numel(),)](
             values, partial, n, BLOCK=REDUCTION_BLOCK, num_warps=REDUCTION_WARPS
         )
         values, n = partial, partial.numel()
@@ -352,7 +352,7 @@ def _residency_probe_kernel(
     memory, ≈ STAGES · 16 KiB. HELD > 0: HELD float32 values stay in registers across the wait.
     The footprint is fixed when the kernel is compiled and reserved for the program's whole life.
     """
-    start = timeline.program_start()
+    start = recorder.program_start()
     if STAGES > 0:
         r = tl.arange(0, BLOCK)
         a_tile = a_ptr + r[:, None] * K + r[None, :]  # (BLOCK, BLOCK) window of A (BLOCK × K), moving right
@@ -366,12 +366,12 @@ def _residency_probe_kernel(
     if HELD > 0:
         h = tl.arange(0, HELD)
         held = tl.load(x_ptr + h)  # live until after the wait: HELD / (32 · num_warps) registers per thread
-    now = timeline.global_time()
+    now = recorder.global_time()
     while now - start < spin_ns:  # the "work": every program lasts spin_ns, wherever it runs
-        now = timeline.global_time()
+        now = recorder.global_time()
     if HELD > 0:
         tl.store(x_ptr + h, held + 1.0, mask=K < 0)
-    timeline.program_end(trace_ptr, start)
+    recorder.program_end(trace_ptr, start)
 # --8<-- [end:probe_kernel]
 
 
@@ -386,13 +386,13 @@ RESIDENCY_SCENARIOS = {
 PROBE_SPIN_NS = 20_000
 
 
-def record_probe(grid: int, scenario: str, spin_ns: int = PROBE_SPIN_NS, device: dict | None = None) -> timeline.Timeline:
+def record_probe(grid: int, scenario: str, spin_ns: int = PROBE_SPIN_NS, device: dict | None = None) -> recorder.Timeline:
     """Launch the probe with `grid` programs and one of RESIDENCY_SCENARIOS' footprints; return its timeline.
 
     The timeline's meta holds what the compiler gave the kernel (registers per thread, shared memory),
     the occupancy `resident_programs_per_sm` predicts from them, and the most programs seen at once on an SM.
     """
-    timeline.require_recording()
+    recorder.require_recording()
     if scenario not in RESIDENCY_SCENARIOS:
         raise ValueError(f"scenario must be one of {', '.join(RESIDENCY_SCENARIOS)}, got {scenario!r}")
     if grid < 1:
@@ -404,7 +404,7 @@ def record_probe(grid: int, scenario: str, spin_ns: int = PROBE_SPIN_NS, device:
     b = torch.randn(k, PROBE_BLOCK, device="cuda", dtype=torch.float16)
     c = torch.empty(PROBE_BLOCK, PROBE_BLOCK, device="cuda", dtype=torch.float32)
     x = torch.randn(max(held, 1), device="cuda", dtype=torch.float32)
-    trace = timeline.new_trace(grid)
+    trace = recorder.new_trace(grid)
     kernel = _residency_probe_kernel[(grid,)](
         trace, a, b, c, x, k, spin_ns, STAGES=stages, HELD=held, BLOCK=PROBE_BLOCK,
         num_warps=num_warps, num_stages=max(stages, 1),
@@ -412,7 +412,7 @@ def record_probe(grid: int, scenario: str, spin_ns: int = PROBE_SPIN_NS, device:
     torch.cuda.synchronize()
     shared, regs = int(kernel.metadata.shared), int(kernel.n_regs)
     predicted = resident_programs_per_sm(num_warps, shared, regs, device)
-    run = timeline.Timeline.from_trace(
+    run = recorder.Timeline.from_trace(
         trace, f"{grid} programs · {label}", device["sm_count"], scenario=scenario, grid=grid,
         num_warps=num_warps, shared_bytes=shared, regs_per_thread=regs, spin_ns=spin_ns,
         predicted_per_sm=predicted["programs_per_sm"], limited_by=predicted["limited_by"],
@@ -422,66 +422,3 @@ def record_probe(grid: int, scenario: str, spin_ns: int = PROBE_SPIN_NS, device:
     run.meta["predicted_waves"] = waves(grid, predicted["programs_per_sm"], device["sm_count"])
     run.meta["measured_waves"] = max(run.waves())
     return run
-
-
-def compiled_reduction_facts() -> list[dict]:
-    """What Triton chose when it compiled `_partial_sums_kernel` for float32 on this GPU, for a length
-    that is a multiple of 16 and for one that is not (Triton specialises integer arguments on that).
-
-    We chose BLOCK and num_warps; Triton chose how the tile is spread over threads (the layout), the
-    width of each load, the registers and the shared memory, and how tl.sum crosses threads and warps.
-    """
-    timeline.require_recording()  # needs the real compiler, not the interpreter
-    x = torch.randn(REDUCTION_BLOCK, device="cuda")
-    partial = torch.empty(1, device="cuda")
-    facts = []
-    for n in (REDUCTION_BLOCK, REDUCTION_BLOCK - 1):
-        kernel = _partial_sums_kernel[(1,)](x, partial, n, BLOCK=REDUCTION_BLOCK, num_warps=REDUCTION_WARPS)
-        lines = kernel.asm["ptx"].splitlines()
-        loads = [line for line in lines if "ld.global" in line]
-        facts.append({
-            "kernel": "_partial_sums_kernel", "dtype": "float32", "n": n, "BLOCK": REDUCTION_BLOCK,
-            "num_warps": REDUCTION_WARPS, "threads": 32 * REDUCTION_WARPS,
-            "elements_per_thread": REDUCTION_BLOCK // (32 * REDUCTION_WARPS),
-            "regs_per_thread": int(kernel.n_regs), "shared_bytes": int(kernel.metadata.shared),
-            "global_loads": len(loads),
-            "global_load_widths": sorted({"v4" if ".v4" in ln else "v2" if ".v2" in ln else "scalar" for ln in loads}),
-            "warp_shuffles": sum("shfl.sync" in ln for ln in lines),
-            "barriers": sum("bar.sync" in ln or "barrier.sync" in ln for ln in lines),
-            "shared_stores": sum("st.shared" in ln for ln in lines),
-        })
-    return facts
-
-
-def record_residency_experiments() -> dict:
-    """Chapter 1's recording (`python -m tutorial_kernels.timeline ch01-residency`).
-
-    Timelines: 132 light programs (one per SM), then 3 · 132 + 17 = 413 programs with each footprint.
-    Sweep: the launch's duration against the grid size, 33 to 1056 programs, for each footprint.
-    """
-    device = device_properties()
-    sms = device["sm_count"]
-    for scenario in RESIDENCY_SCENARIOS:  # compile every variant before anything is timed
-        record_probe(1, scenario, spin_ns=1000, device=device)
-    runs = [record_probe(sms, "light", device=device)]
-    runs += [record_probe(3 * sms + 17, s, device=device) for s in RESIDENCY_SCENARIOS]
-    sweep = []
-    for scenario in RESIDENCY_SCENARIOS:
-        for grid in range(sms // 4, 8 * sms + 1, sms // 4):
-            run = record_probe(grid, scenario, device=device)
-            sweep.append({"scenario": scenario, "grid": grid, "makespan_us": run.makespan_us,
-                          "measured_per_sm": run.meta["measured_per_sm"], "predicted_per_sm": run.meta["predicted_per_sm"],
-                          "predicted_waves": run.meta["predicted_waves"], "sms_used": run.sms_used})
-    return {
-        "description": "Chapter 1: where the programs of a probe kernel ran (SM, start, end), for several grid "
-                       "sizes and per-program footprints",
-        "notes": [f"Every probe program busy-waits {PROBE_SPIN_NS / 1e3:.0f} µs from its start, so a launch's "
-                  "duration counts the waves of programs the GPU had to run one after another.",
-                  "predicted_per_sm comes from resident_programs_per_sm with the compiled kernel's registers "
-                  "and shared memory; measured_per_sm is the most programs whose [start, end) overlapped on one SM."],
-        "scenarios": {k: {"label": v[0], "num_warps": v[1], "stages": v[2], "held_floats": v[3]}
-                      for k, v in RESIDENCY_SCENARIOS.items()},
-        "compiled_reduction": compiled_reduction_facts(),
-        "timelines": [r.to_dict() for r in runs],
-        "sweep": sweep,
-    }

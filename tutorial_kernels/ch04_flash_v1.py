@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels import timeline
+from tutorial_kernels import recorder
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
@@ -58,7 +58,7 @@ def _flash_v1_kernel(
 ):
     """Algorithm 1 for one (batch, head): K/V tiles outside, Q tiles inside, O, ℓ, m in HBM."""
     if TRACE:
-        started = timeline.program_start()
+        started = recorder.program_start()
     pid_bh = tl.program_id(0).to(tl.int64)  # one program per (batch, head); 64-bit offsets below
     batch = pid_bh // n_heads
     head = pid_bh % n_heads
@@ -148,7 +148,7 @@ def _flash_v1_kernel(
         lse = tl.where(l_i > 0.0, m_i + tl.log(tl.where(l_i > 0.0, l_i, 1.0)), float("-inf"))  # no key: −∞
         tl.store(lse_ptr + pid_bh * n_q + rows, lse, mask=row_ok)
     if TRACE:
-        timeline.program_end(trace_ptr, started)
+        recorder.program_end(trace_ptr, started)
 # --8<-- [end:epilogue]
 
 
@@ -192,7 +192,7 @@ def flash_attn_v1_with_stats(
 
     lse is float32 of shape (B, H, n_q), −∞ for a query that sees no key. block_m / block_n (powers
     of two, 16..256), num_warps and num_stages override `default_blocks`. trace, a (B·H, 3) buffer from
-    `timeline.new_trace` (GPU only), receives each program's SM and start and end times.
+    `recorder.new_trace` (GPU only), receives each program's SM and start and end times.
     """
     shape = check_attention_inputs(q, k, v, causal, sm_scale)
     B, H, n_q, n_k, d = shape.batch, shape.heads, shape.n_q, shape.n_k, shape.head_dim
@@ -246,188 +246,10 @@ def flash_v1_schedule(n_q: int, n_k: int, block_m: int, block_n: int, causal: bo
 # --8<-- [end:schedule]
 
 
-# --8<-- [start:hbm_model]
-def flash_v1_hbm_bytes(
-    batch: int, heads: int, n_q: int, n_k: int, head_dim: int, element_size: int,
-    block_m: int, block_n: int, causal: bool = False,
-) -> dict[str, int]:
-    """Bytes this schedule reads and writes in HBM if no cache helps: every access of Algorithm 1 counted.
-
-    init    writes O (float32), ℓ and m once: torch.zeros / torch.full before the launch;
-    kernel  reads K and V once; on every visit (j, i) reads Q_i, O_i, ℓ_i, m_i and writes O_i, ℓ_i,
-            m_i; at the end reads O, ℓ, m once more and writes o (input dtype) and lse.
-    """
-    b, f32 = element_size, 4
-    d = head_dim
-    rows_visited = 0  # Σ over visits of the Q tile's real rows (the masked tail moves nothing)
-    for start_n in range(0, n_k, block_n):
-        first_m = (max(start_n - (n_k - n_q), 0) // block_m) * block_m if causal else 0
-        rows_visited += max(n_q - first_m, 0)
-    per_head = {
-        "init_write": n_q * (d + 2) * f32,
-        "kernel_read": 2 * n_k * d * b  # K and V, once each
-        + rows_visited * (d * b + d * f32 + 2 * f32)  # Q_i, O_i, ℓ_i, m_i on every visit
-        + n_q * (d + 2) * f32,  # epilogue: O, ℓ, m
-        "kernel_write": rows_visited * (d * f32 + 2 * f32)  # O_i, ℓ_i, m_i on every visit
-        + n_q * (d * b + f32),  # epilogue: o and lse
-    }
-    return {key: batch * heads * value for key, value in per_head.items()}
-
-
-def naive_kernel_bytes(batch: int, heads: int, n_q: int, n_k: int, head_dim: int, element_size: int) -> dict[str, int]:
-    """Chapter 2's three kernels, each tensor moved once (its `naive_hbm_bytes`, split by kernel)."""
-    bh, b, d = batch * heads, element_size, head_dim
-    return {
-        "_scores_kernel_read": bh * (n_q + n_k) * d * b, "_scores_kernel_write": bh * n_q * n_k * b,
-        "_softmax_kernel_read": bh * n_q * n_k * b, "_softmax_kernel_write": bh * n_q * n_k * b,
-        "_pv_kernel_read": bh * (n_q * n_k + n_k * d) * b, "_pv_kernel_write": bh * n_q * d * b,
-    }
-# --8<-- [end:hbm_model]
-
-
 def theorem2_block_n(sram_bytes: int, head_dim: int, element_size: int) -> int:
     """Algorithm 1's B_c = ⌈M / 4d⌉ for on-chip memory M counted in elements of `element_size` bytes."""
     return math.ceil(sram_bytes / element_size / (4 * head_dim))
 
 
-# --- where the programs ran (GPU only) --------------------------------------------------------------
-
-def flash_v1_timeline(
-    batch: int, heads: int, n: int, head_dim: int, causal: bool = False, dtype: torch.dtype = torch.float16,
-    *, seed: int = 0,
-) -> timeline.Timeline:
-    """Run FlashAttention-1 once on random inputs and record, per program, its SM and start/end time.
-
-    Needs a CUDA GPU (the recorder reads %smid and %globaltimer with inline assembly).
-    """
-    timeline.require_recording()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(batch, heads, n, head_dim, generator=gen, device="cuda", dtype=dtype) for _ in range(3))
-    flash_attn_v1(q, k, v, causal)  # compile first: the recorded launch is a warm one
-    trace = timeline.new_trace(batch * heads)
-    flash_attn_v1_with_stats(q, k, v, causal, trace=trace)
-    torch.cuda.synchronize()
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    config = default_blocks(head_dim, dtype)
-    return timeline.Timeline.from_trace(
-        trace, f"FlashAttention-1, B·H = {batch * heads}", sm_count=sm_count,
-        grid=batch * heads, batch=batch, heads=heads, n=n, head_dim=head_dim, causal=causal,
-        dtype=str(dtype).removeprefix("torch."), **config,
-    )
-
-
-TIMELINE_SHAPES = [  # (batch, heads, n, head_dim): 8 programs, then enough to cover (almost) every SM
-    (1, 8, 4096, 64),
-    (4, 32, 4096, 64),
-]
-
-
-def record_timelines() -> dict:
-    """The chapter's timeline experiment: B·H = 8 and B·H = 128 at N = 4096, d = 64, fp16."""
-    runs = [flash_v1_timeline(*shape) for shape in TIMELINE_SHAPES]
-    return {
-        "description": "Chapter 4: where FlashAttention-1's programs ran (one per (batch, head)), fp16, not causal",
-        "notes": ["One launch per timeline, after a warm-up launch of the same shape.",
-                  "Times are %globaltimer stamps at each program's start and end, relative to the first start."],
-        "timelines": [r.to_dict() for r in runs],
-    }
-
-
-# (block_m, block_n, num_warps, num_stages) timed per head dimension; `default_blocks` picked from them
-TILE_CONFIGS = {
-    64: [(64, 128, 4, 2), (64, 128, 8, 2), (64, 256, 4, 2), (64, 256, 8, 2), (128, 128, 8, 2), (128, 256, 8, 2),
-         (32, 256, 4, 2), (64, 64, 4, 2), (64, 128, 4, 1), (64, 128, 4, 3)],
-    128: [(64, 128, 4, 2), (64, 128, 8, 2), (64, 256, 4, 2), (64, 256, 8, 2), (128, 128, 8, 2), (32, 128, 4, 2),
-          (64, 64, 4, 2), (64, 128, 8, 1), (64, 128, 8, 3)],
-}
-
-
-def time_tile_configs(lengths: tuple[int, ...] = (2048, 16384)) -> dict:
-    """Time every configuration of TILE_CONFIGS (fp16, not causal, B·N = 16384, H·d = 2048) on this GPU."""
-    import triton.testing
-
-    from tutorial_kernels.reference import reference_attention, relative_error
-
-    rows = []
-    for head_dim, configs in TILE_CONFIGS.items():
-        for n in lengths:
-            batch, heads = 16384 // n, 2048 // head_dim
-            gen = torch.Generator(device="cuda").manual_seed(n + head_dim)
-            q, k, v = (torch.randn(batch, heads, n, head_dim, generator=gen, device="cuda", dtype=torch.float16)
-                       for _ in range(3))
-            ref = reference_attention(q[:1, :1], k[:1, :1], v[:1, :1])
-            for block_m, block_n, num_warps, num_stages in configs:
-                def call():
-                    return flash_attn_v1_with_stats(q, k, v, block_m=block_m, block_n=block_n,
-                                                    num_warps=num_warps, num_stages=num_stages)[0]
-                err = relative_error(call()[:1, :1], ref)
-                ms = triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median")
-                rows.append(dict(head_dim=head_dim, n=n, batch=batch, heads=heads, block_m=block_m, block_n=block_n,
-                                 num_warps=num_warps, num_stages=num_stages, ms=ms, rel_err_head0=err,
-                                 tflops=4.0 * batch * heads * n * n * head_dim / (ms * 1e-3) / 1e12,
-                                 default=gpu_blocks(head_dim) == dict(block_m=block_m, block_n=block_n,
-                                                                      num_warps=num_warps, num_stages=num_stages)))
-                print(f"d={head_dim:3} N={n:5} {block_m:3}×{block_n:3} warps={num_warps} stages={num_stages}: "
-                      f"{ms:8.3f} ms {rows[-1]['tflops']:6.1f} TFLOP/s err {err:.1e}", flush=True)
-    return {
-        "description": "Chapter 4: FlashAttention-1 tile configurations, fp16, not causal, B·N = 16384, H·d = 2048",
-        "notes": ["triton.testing.do_bench median (warmup 25 ms, rep 100 ms), after one checked call."],
-        "tiles": rows,
-    }
-
-
-EXPERIMENTS = {  # name → (function, default data file)
-    "timeline": (record_timelines, "ch04_timeline.json"),
-    "tiles": (time_tile_configs, "ch04_tiles.json"),
-}
-
-
-def main(argv: list[str] | None = None) -> None:
-    """`python -m tutorial_kernels.ch04_flash_v1 {timeline,tiles} [--out PATH]` → data/ch04_<name>.json."""
-    import argparse
-    import json
-    import sys
-    from pathlib import Path
-
-    from tutorial_kernels.bench import DATA_DIR, provenance
-
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.ch04_flash_v1")
-    parser.add_argument("experiment", choices=sorted(EXPERIMENTS))
-    parser.add_argument("--out", type=Path, help="JSON file to write (default: data/ch04_<experiment>.json)")
-    args = parser.parse_args(argv)
-    if (reason := timeline.unavailable_reason()) is not None:
-        parser.error(f"{args.experiment} runs on a CUDA GPU only; here {reason}")
-    function, default_file = EXPERIMENTS[args.experiment]
-    out = args.out or DATA_DIR / default_file
-    results = function()
-    info = provenance(f"ch04-{args.experiment}", argv)
-    info["command"] = " ".join(["python -m tutorial_kernels.ch04_flash_v1", *argv])
-    if args.experiment == "timeline":
-        info["timing"] = "per-program %globaltimer stamps (ns) read with inline PTX; one launch per timeline"
-    info.pop("peak_extra_memory", None)
-    data = {"description": results.pop("description"), "notes": results.pop("notes"), "provenance": info,
-            "results": [], **results}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    for run in data.get("timelines", []):
-        print(f"{run['label']:40} {len(run['sm']):4} programs on {len(set(run['sm'])):3} SMs, "
-              f"{max(run['end_ns']) / 1e3:9.1f} µs")
-    print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()
-
-
-__all__ = [
-    "flash_attn_v1",
-    "flash_attn_v1_with_stats",
-    "default_blocks",
-    "gpu_blocks",
-    "flash_v1_schedule",
-    "flash_v1_hbm_bytes",
-    "naive_kernel_bytes",
-    "theorem2_block_n",
-    "flash_v1_timeline",
-]
+__all__ = ["flash_attn_v1", "flash_attn_v1_with_stats", "default_blocks", "gpu_blocks", "flash_v1_schedule",
+           "theorem2_block_n"]

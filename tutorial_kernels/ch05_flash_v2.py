@@ -28,8 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels import timeline
-from tutorial_kernels.launch_plan import LaunchPlans, attention_call_key
+from tutorial_kernels import recorder
+from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
@@ -150,7 +150,7 @@ def _flash_v2_fwd_kernel(
     the backward pass. TRACE records the program's SM and start/end times into trace_ptr (chapter 1's
     timeline)."""
     if TRACE:
-        started = timeline.program_start()
+        started = recorder.program_start()
     # Causal tiles near the end of the sequence see the most keys: launch them first so the long
     # programs start early and the short ones fill the gaps at the end (less tail imbalance).
     pid_m = tl.num_programs(0) - 1 - tl.program_id(0) if CAUSAL else tl.program_id(0)
@@ -225,7 +225,7 @@ def _flash_v2_fwd_kernel(
         lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         tl.store(lse_ptr + pid_bh * n_q + offs_m, lse, mask=offs_m < n_q)
     if TRACE:
-        timeline.program_end(trace_ptr, started)
+        recorder.program_end(trace_ptr, started)
 # --8<-- [end:forward_kernel]
 
 
@@ -459,66 +459,3 @@ def flash_attn_v2_with_lse(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse): the output and each row's log Σ_j e^{S_ij} (float32, (B, H, n_q); −∞ where a query sees no key)."""
     return _launch(q, k, v, causal, sm_scale, None, tuned=tuned, with_lse=True)
-
-
-# --- chapter 1's timeline, for FlashAttention-1 against FlashAttention-2 -----------------------------
-
-
-def flash_v2_timeline(
-    batch: int, heads: int, n: int, head_dim: int, causal: bool = False, dtype: torch.dtype = torch.float16,
-    *, seed: int = 0,
-) -> timeline.Timeline:
-    """Run the teaching FlashAttention-2 once on random inputs and record, per program, its SM and
-    start/end time. Needs a CUDA GPU (the recorder reads %smid and %globaltimer with inline assembly)."""
-    timeline.require_recording()
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn(batch, heads, n, head_dim, generator=gen, device="cuda", dtype=dtype) for _ in range(3))
-    flash_attn_v2(q, k, v, causal)  # compile first: the recorded launch is a warm one
-    config = _teaching_config(head_dim)
-    programs = triton.cdiv(n, config["BLOCK_M"]) * batch * heads
-    trace = timeline.new_trace(programs)
-    _launch(q, k, v, causal, None, None, tuned=False, trace=trace)
-    torch.cuda.synchronize()
-    sm_count = torch.cuda.get_device_properties(0).multi_processor_count
-    return timeline.Timeline.from_trace(
-        trace, f"FlashAttention-2, B·H = {batch * heads}", sm_count=sm_count,
-        grid=programs, batch=batch, heads=heads, n=n, head_dim=head_dim, causal=causal,
-        dtype=str(dtype).removeprefix("torch."), **config,
-    )
-
-
-def record_timelines() -> dict:
-    """FlashAttention-1 (chapter 4: one program per (batch, head)) against FlashAttention-2 (one per
-    query tile too) at B·H = 8, N = 4096, d = 64, fp16: 8 programs against 8 · 4096 / BLOCK_M."""
-    from tutorial_kernels.ch04_flash_v1 import flash_v1_timeline
-
-    shape = (1, 8, 4096, 64)
-    return {
-        "description": "Chapter 5: where FlashAttention-1's and FlashAttention-2's programs ran at B·H = 8, fp16, not causal",
-        "notes": ["One launch per timeline, after a warm-up launch of the same shape; the teaching configurations.",
-                  "Times are %globaltimer stamps at each program's start and end, relative to the first start."],
-        "timelines": [flash_v1_timeline(*shape).to_dict(), flash_v2_timeline(*shape).to_dict()],
-    }
-
-
-def flash_v2_hbm_bytes(
-    batch: int, heads: int, n_q: int, n_k: int, head_dim: int, element_size: int,
-    block_m: int, block_n: int, causal: bool = False,
-) -> dict[str, int]:
-    """Bytes this schedule reads and writes in HBM if no cache helps (chapter 4's model, for Algorithm 1
-    of FlashAttention-2): each program reads its Q tile once and every K/V tile it visits once, and
-    writes its O tile and lse once. The L2 cache lets the programs of one head share K and V, so the
-    measured DRAM bytes can fall far below this count; Q, O and lse cannot."""
-    b, d = element_size, head_dim
-    kv_rows_read = 0  # Σ over query tiles of the keys their programs load
-    for start_m in range(0, n_q, block_m):
-        if causal:  # keys up to the last row's horizon, whole tiles (the masked tile is loaded in full)
-            horizon = min(start_m + block_m + (n_k - n_q), n_k)
-            kv_rows_read += min(-(-max(horizon, 0) // block_n) * block_n, n_k)
-        else:
-            kv_rows_read += n_k
-    per_head = {
-        "kernel_read": n_q * d * b + 2 * kv_rows_read * d * b,  # Q once; K and V per visiting program
-        "kernel_write": n_q * (d * b + 4),  # O and the float32 lse
-    }
-    return {key: batch * heads * value for key, value in per_head.items()}

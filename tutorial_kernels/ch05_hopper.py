@@ -56,7 +56,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.ch05_flash_v2 import LOG2_E
-from tutorial_kernels.launch_plan import LaunchPlans, attention_call_key
+from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
 from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs, check_out
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.

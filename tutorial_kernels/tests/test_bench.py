@@ -10,10 +10,11 @@ import pytest
 
 import torch
 
-from tutorial_kernels.bench import DATA_DIR, PROVIDERS, SUITES, Shape, TrainingShape, measure_subset, take_turns
+from tutorial_kernels.bench import PROVIDERS, SUITES, Shape, TrainingShape, measure_subset, take_turns
+from tutorial_kernels.paths import data_dir
 from tutorial_kernels.testing import ON_GPU, grad_tolerance
 
-DATA_FILES = sorted(DATA_DIR.glob("*.json"))
+DATA_FILES = sorted(data_dir().glob("*.json"))
 PROVENANCE_KEYS = {"gpu", "sm_count", "torch", "triton", "cuda", "date_utc", "git_commit", "command"}
 # Bound on the head-0 error a benchmarked output may have (fp16/bf16 on a GPU): a fast wrong kernel
 # must never reach a figure.
@@ -83,7 +84,7 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
     missing = PROVENANCE_KEYS - set(data["provenance"])
     assert not missing, f"{path.name}: provenance lacks {sorted(missing)}"
     assert data["provenance"]["git_commit"] != "unknown", f"{path.name}: no commit recorded"
-    if "runs" in data:  # a training comparison (tutorial_kernels.gpt): every step's loss, finite
+    if "runs" in data:  # a training comparison (tutorial_kernels.integrations.gpt): every step's loss, finite
         for run in data["runs"]:
             assert len(run["losses"]) == data["config"]["steps"] and all(math.isfinite(x) for x in run["losses"])
         return

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 
-from tutorial_kernels import timeline
-from tutorial_kernels.bench import DATA_DIR
+from tutorial_kernels import recorder
+from tutorial_kernels.paths import data_dir
 from tutorial_kernels.ch01_gpu_hierarchy import (
     CUDA_THREADS,
     REDUCTION_BLOCK,
@@ -197,7 +197,7 @@ def test_waves():
 # --- the timeline ----------------------------------------------------------------------------------
 
 def synthetic(sm, start, end, sm_count=2):
-    return timeline.Timeline("synthetic", sm, start, end, sm_count)
+    return recorder.Timeline("synthetic", sm, start, end, sm_count)
 
 
 def test_timeline_lanes_waves_and_residency():
@@ -208,7 +208,7 @@ def test_timeline_lanes_waves_and_residency():
     assert run.max_resident_per_sm() == 2
     assert run.makespan_us == pytest.approx(0.2)
     assert run.sms_used == 2
-    back = timeline.Timeline.from_dict(json.loads(json.dumps(run.to_dict())))
+    back = recorder.Timeline.from_dict(json.loads(json.dumps(run.to_dict())))
     assert back == run
 
 
@@ -218,31 +218,31 @@ def test_timeline_counts_back_to_back_programs_once():
 
 
 def test_timeline_from_trace_rejects_missing_rows():
-    trace = timeline.new_trace(3, "cpu")
+    trace = recorder.new_trace(3, "cpu")
     trace[0] = torch.tensor([5, 1000, 2000])
     trace[2] = torch.tensor([7, 1500, 2500])
     with pytest.raises(ValueError, match=r"1 of 3 programs wrote no trace row"):
-        timeline.Timeline.from_trace(trace, "partial", sm_count=8)
+        recorder.Timeline.from_trace(trace, "partial", sm_count=8)
     trace[1] = torch.tensor([5, 1100, 2100])
-    run = timeline.Timeline.from_trace(trace, "full", sm_count=8, grid=3)
+    run = recorder.Timeline.from_trace(trace, "full", sm_count=8, grid=3)
     assert run.start_ns == [0, 100, 500] and run.end_ns == [1000, 1100, 1500] and run.meta == {"grid": 3}
 
 
 @pytest.mark.skipif(ON_GPU, reason="checks the message given where programs cannot be traced")
 def test_recording_degrades_gracefully_without_a_gpu():
-    assert "interpreter" in timeline.unavailable_reason()
-    with pytest.raises(timeline.TimelineUnavailable, match=r"needs a CUDA GPU"):
+    assert "interpreter" in recorder.unavailable_reason()
+    with pytest.raises(recorder.TimelineUnavailable, match=r"needs a CUDA GPU"):
         record_probe(132, "light")
 
 
 def test_recorded_h100_trace_is_complete():
-    path = DATA_DIR / "ch01_timelines.json"
+    path = data_dir() / "ch01_timelines.json"
     if not path.exists():
-        pytest.skip("data/ch01_timelines.json is not recorded yet: python -m tutorial_kernels.timeline ch01-residency")
+        pytest.skip("data/ch01_timelines.json is not recorded yet: python -m tutorial_kernels.instruments.timeline ch01-residency")
     data = json.loads(path.read_text())
     sms = data["device"]["sm_count"]
     for raw in data["timelines"]:
-        run = timeline.Timeline.from_dict(raw)
+        run = recorder.Timeline.from_dict(raw)
         assert run.n_programs == run.meta["grid"]
         assert all(0 <= s < sms for s in run.sm)
         assert all(e > s for s, e in zip(run.start_ns, run.end_ns))
@@ -251,7 +251,7 @@ def test_recorded_h100_trace_is_complete():
 
 # --- on the GPU: where programs really run -----------------------------------------------------------
 
-needs_timeline = pytest.mark.skipif(timeline.unavailable_reason() is not None, reason=str(timeline.unavailable_reason()))
+needs_timeline = pytest.mark.skipif(recorder.unavailable_reason() is not None, reason=str(recorder.unavailable_reason()))
 
 
 @needs_timeline
@@ -279,10 +279,10 @@ def test_device_properties_are_read_off_the_device():
 @needs_timeline
 def test_triton_reduces_across_a_warp_with_shuffles():
     # Triton's tl.sum compiles to the same warp shuffles the CUDA kernel writes by hand.
-    from tutorial_kernels.ch01_gpu_hierarchy import REDUCTION_WARPS, _partial_sums_kernel
+    from tutorial_kernels.ch01_gpu_hierarchy import REDUCTION_WARPS, partial_sums_kernel
 
     x = torch.randn(REDUCTION_BLOCK, device="cuda")
     partial = poisoned((1,), torch.float32, "cuda")
-    compiled = _partial_sums_kernel[(1,)](x, partial, x.numel(), BLOCK=REDUCTION_BLOCK, num_warps=REDUCTION_WARPS)
+    compiled = partial_sums_kernel[(1,)](x, partial, x.numel(), BLOCK=REDUCTION_BLOCK, num_warps=REDUCTION_WARPS)
     assert "shfl.sync" in compiled.asm["ptx"]
     assert torch.isfinite(partial).all()

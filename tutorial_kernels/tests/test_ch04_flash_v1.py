@@ -5,13 +5,10 @@ import math
 import pytest
 import torch
 
-from tutorial_kernels.ch02_naive_attention import naive_hbm_bytes
 from tutorial_kernels.ch04_flash_v1 import (
     flash_attn_v1,
     flash_attn_v1_with_stats,
-    flash_v1_hbm_bytes,
     flash_v1_schedule,
-    naive_kernel_bytes,
     theorem2_block_n,
 )
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
@@ -132,37 +129,6 @@ def test_schedule_is_kv_outer_q_inner():
     assert all(i >= 1 for _, i in flash_v1_schedule(128, 64, 64, 64, causal=True))
 
 
-def test_hbm_model_closed_form():
-    # non-causal, tiles dividing N: T_c passes over Q, O, ℓ, m plus K, V once and the epilogue
-    B, H, N, d, b, bm, bn = 2, 3, 1024, 64, 2, 64, 128
-    got = flash_v1_hbm_bytes(B, H, N, N, d, b, bm, bn)
-    t_c = N // bn
-    per_pass_read = N * d * b + N * d * 4 + 2 * N * 4
-    per_pass_write = N * d * 4 + 2 * N * 4
-    assert got["kernel_read"] == B * H * (2 * N * d * b + t_c * per_pass_read + N * (d + 2) * 4)
-    assert got["kernel_write"] == B * H * (t_c * per_pass_write + N * d * b + N * 4)
-    assert got["init_write"] == B * H * N * (d + 2) * 4
-    # causal visits about half the tiles: (T_c + 1) / (2 T_c) of the passes when block_m == block_n
-    causal = flash_v1_hbm_bytes(B, H, N, N, d, b, 128, 128, causal=True)
-    full = flash_v1_hbm_bytes(B, H, N, N, d, b, 128, 128)
-    assert causal["kernel_write"] < 0.6 * full["kernel_write"]
-
-
-def test_naive_split_matches_chapter_2():
-    split = naive_kernel_bytes(2, 3, 300, 500, 80, 2)
-    assert sum(split.values()) == naive_hbm_bytes(2, 3, 300, 500, 80, 2)
-
-
 def test_theorem2_block_size():
     # B_c = ⌈M / 4d⌉ with M counted in elements: 228 KB of shared memory, fp16, d = 128
     assert theorem2_block_n(228 * 1024, 128, 2) == math.ceil(228 * 1024 / 2 / 512)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the timeline reads %smid and %globaltimer: GPU only")
-def test_timeline_records_one_program_per_head():
-    from tutorial_kernels.ch04_flash_v1 import flash_v1_timeline
-
-    run = flash_v1_timeline(1, 8, 512, 64)
-    assert run.n_programs == 8
-    assert run.sms_used == 8, "eight programs, each on its own SM: the other SMs idle"
-    assert all(e > s for s, e in zip(run.start_ns, run.end_ns))

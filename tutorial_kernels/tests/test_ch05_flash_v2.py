@@ -197,26 +197,6 @@ def test_descriptors_need_contiguous_rows():
         flash_attn_v2_tuned(x.q, x.k, x.v, descriptors=True)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the timeline reads %smid and %globaltimer: GPU only")
-def test_timeline_fills_the_gpu_where_flash_attention_1_cannot():
-    from tutorial_kernels.ch04_flash_v1 import flash_v1_timeline
-    from tutorial_kernels.ch05_flash_v2 import flash_v2_timeline
-
-    fa1, fa2 = flash_v1_timeline(1, 8, 4096, 64), flash_v2_timeline(1, 8, 4096, 64)
-    assert fa1.n_programs == 8 and fa2.n_programs == 8 * 4096 // 64
-    assert fa2.sms_used > fa1.sms_used, (fa1.sms_used, fa2.sms_used)
-    assert all(e > s for s, e in zip(fa2.start_ns, fa2.end_ns))
-
-
-@pytest.mark.skipif(ON_GPU, reason="checks the message shown without a GPU")
-def test_timeline_says_why_it_cannot_run_here():
-    from tutorial_kernels.ch05_flash_v2 import flash_v2_timeline
-    from tutorial_kernels.timeline import TimelineUnavailable
-
-    with pytest.raises(TimelineUnavailable, match="needs a CUDA GPU"):
-        flash_v2_timeline(1, 8, 256, 64)
-
-
 TUNING_CONFIGS = _flash_v2_fwd_tuned.configs
 
 
@@ -235,15 +215,3 @@ def test_every_tuning_config(config, causal, head_dim, dtype):
     except OutOfResources as err:  # the autotuner skips such configs too
         pytest.skip(f"does not fit at head_dim {head_dim}: {err}")
     assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
-
-
-def test_hbm_byte_model_counts_each_programs_loads():
-    from tutorial_kernels.ch05_flash_v2 import flash_v2_hbm_bytes
-
-    d, b = 64, 2
-    full = flash_v2_hbm_bytes(1, 1, 128, 128, d, b, block_m=64, block_n=64)
-    assert full["kernel_read"] == 128 * d * b + 2 * (2 * 128) * d * b  # Q once, K and V by both query tiles
-    assert full["kernel_write"] == 128 * (d * b + 4)  # O and the float32 lse
-    causal = flash_v2_hbm_bytes(1, 1, 128, 128, d, b, block_m=64, block_n=64, causal=True)
-    assert causal["kernel_read"] == 128 * d * b + 2 * (64 + 128) * d * b  # tile 0 sees keys < 64, tile 1 all
-    assert flash_v2_hbm_bytes(2, 3, 128, 128, d, b, 64, 64)["kernel_read"] == 6 * full["kernel_read"]

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from tutorial_kernels.gpt import GPT, CharCorpus, GPTConfig, train
+from tutorial_kernels.integrations.gpt import GPT, CharCorpus, GPTConfig, train
 from tutorial_kernels.runtime import default_device, interpreter_active
 from tutorial_kernels.testing import grad_tolerance
 
@@ -57,5 +57,5 @@ def test_training_comparison_refuses_to_run_without_a_gpu():
     import subprocess
     import sys
 
-    run = subprocess.run([sys.executable, "-m", "tutorial_kernels.gpt"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "tutorial_kernels.integrations.gpt"], capture_output=True, text=True)
     assert run.returncode == 2 and "runs on a CUDA GPU" in run.stderr

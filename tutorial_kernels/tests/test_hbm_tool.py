@@ -4,7 +4,7 @@ import importlib.util
 import json
 from pathlib import Path
 
-from tutorial_kernels.bench import DATA_DIR
+from tutorial_kernels.paths import data_dir
 
 TOOL = Path(__file__).resolve().parents[2] / "tools" / "measure_hbm_bytes.py"
 
@@ -31,7 +31,7 @@ def test_merge_keeps_the_provenance_of_the_run_that_measured_each_kept_series():
 
 
 def test_committed_file_names_a_run_for_every_series():
-    data = json.loads((DATA_DIR / "ch04_hbm_bytes.json").read_text())
+    data = json.loads((data_dir() / "ch04_hbm_bytes.json").read_text())
     series = {r["series"] for r in data["measurements"]}
     claimed = [name for run in data.get("earlier_runs", []) for name in run["series"]]
     assert len(claimed) == len(set(claimed)), "a series is claimed by two earlier runs"

@@ -30,7 +30,7 @@ except ImportError as error:  # transformers comes with the `test` extra
 from transformers import AttentionInterface, AutoModelForCausalLM, LlamaConfig, MistralConfig, PhiConfig  # noqa: E402
 from transformers.masking_utils import AttentionMaskInterface  # noqa: E402
 
-from tutorial_kernels.hf_attention import (  # noqa: E402
+from tutorial_kernels.integrations.hf_attention import (  # noqa: E402
     DEFAULT_NAME,
     register,
     tutorial_flash_attention,
@@ -245,7 +245,7 @@ PUBLISHED = {"mistral-7b": (7_241_732_096, 128, 4), "llama-3-8b": (8_030_261_248
 
 @pytest.mark.parametrize("key", list(PUBLISHED))
 def test_prefill_models_have_their_published_shapes(key):
-    from tutorial_kernels.prefill import MODELS
+    from tutorial_kernels.integrations.prefill import MODELS
 
     with torch.device("meta"):  # shapes only, no memory
         model = AutoModelForCausalLM.from_config(MODELS[key].build_config(), dtype=torch.bfloat16)
@@ -259,7 +259,7 @@ def test_prefill_models_have_their_published_shapes(key):
 def test_prefill_turns_let_each_implementation_follow_each_other_equally_often(impls):
     from collections import Counter
 
-    from tutorial_kernels.prefill import turn_order
+    from tutorial_kernels.integrations.prefill import turn_order
 
     forwards = [impl for turn in range(6) for impl in turn_order(impls, turn)]
     assert Counter(forwards) == {impl: 6 for impl in impls}
@@ -271,7 +271,7 @@ def test_prefill_turns_let_each_implementation_follow_each_other_equally_often(i
 def test_prefill_timing_takes_turns_and_records_every_forward_in_order(monkeypatch):
     # The turn loop with stand-ins for the model, the GPU clock and the allocator: each "forward" takes
     # a fixed time per implementation, so the number of forwards follows from `seconds`.
-    from tutorial_kernels import prefill
+    from tutorial_kernels.integrations import prefill
 
     class StandIn:
         impl = None
@@ -314,7 +314,7 @@ def turns_with_pair_values(values: list[float]) -> tuple[list[float], list[float
 
 
 def test_paired_ratio_interval_is_the_sign_tests():
-    from tutorial_kernels.prefill import paired_ratio
+    from tutorial_kernels.integrations.prefill import paired_ratio
 
     values = [1.03, 0.98, 1.05, 1.01, 1.04, 1.005, 1.02, 1.06, 1.07]
     c = paired_ratio(*turns_with_pair_values(values))
@@ -335,7 +335,7 @@ def test_paired_ratio_interval_is_the_sign_tests():
 
 
 def test_paired_ratio_cancels_what_runs_before_a_forward():
-    from tutorial_kernels.prefill import paired_ratio
+    from tutorial_kernels.integrations.prefill import paired_ratio
 
     # whichever of the two runs first in a turn (right after eager) is 3.5 % faster; the order flips
     # every turn; ours is 0.5 % faster throughout. Turn by turn the ratios straddle 1, half and half;
@@ -351,7 +351,7 @@ def test_paired_ratio_cancels_what_runs_before_a_forward():
 
 
 def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
-    from tutorial_kernels.prefill import paired_ratio
+    from tutorial_kernels.integrations.prefill import paired_ratio
 
     # the GPU slows down by 6 % over the run and sdpa's forwards are ± 0.4 % noisy, so the two sets of
     # times overlap almost entirely; turn by turn, ours is 0.5 % faster every time
@@ -365,7 +365,7 @@ def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
 
 @pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
 def test_prefill_benchmark_refuses_without_a_gpu(capsys):
-    from tutorial_kernels.prefill import main
+    from tutorial_kernels.integrations.prefill import main
 
     with pytest.raises(SystemExit) as exit_info:
         main(["--out", "/dev/null"])
@@ -376,7 +376,7 @@ def test_prefill_benchmark_refuses_without_a_gpu(capsys):
 @pytest.mark.skipif(not (ON_GPU and torch.cuda.get_device_capability()[0] == 9),
                     reason="the Hopper kernel (Gluon) runs on compute capability 9.x GPUs only")
 def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
-    import tutorial_kernels.hf_attention as adapter
+    import tutorial_kernels.integrations.hf_attention as adapter
     from tutorial_kernels.ch05_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
 
     calls = []

@@ -1,4 +1,4 @@
-"""Launches repeated without Triton's dispatch (`tutorial_kernels.launch_plan`).
+"""Launches repeated without Triton's dispatch (`tutorial_kernels.perf.launch_plan`).
 
 A remembered launch must compute exactly what the full launch computes, with any new tensors of
 the same signature; a call that differs in anything the key does not cover must not reach it; and a
@@ -10,7 +10,7 @@ import torch
 import triton
 
 from tutorial_kernels import ch05_flash_v2 as ch05
-from tutorial_kernels.launch_plan import LaunchPlans, attention_call_key
+from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
@@ -60,7 +60,7 @@ def test_a_plan_keeps_the_argument_order_and_no_tensor(monkeypatch):
     import inspect
     from types import SimpleNamespace
 
-    from tutorial_kernels import launch_plan
+    from tutorial_kernels.perf import launch_plan
 
     def make_params(*names_and_defaults):
         return [SimpleNamespace(name=n, has_default=d is not inspect.Parameter.empty, default=d)

@@ -19,7 +19,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tutorial_kernels.paths import docs_dir
+
 
 AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -125,7 +126,7 @@ class CharCorpus:
 
     def __init__(self, text: str | None = None):
         if text is None:
-            text = "\n".join(p.read_text(encoding="utf-8") for p in sorted((REPO_ROOT / "docs").rglob("*.md")))
+            text = "\n".join(p.read_text(encoding="utf-8") for p in sorted(docs_dir().rglob("*.md")))
         self.chars = sorted(set(text))
         self.index = {c: i for i, c in enumerate(self.chars)}
         self.data = torch.tensor([self.index[c] for c in text], dtype=torch.long)
@@ -180,7 +181,7 @@ GPU_RUNS = [("torch", 0), ("torch", 1), ("tutorial", 0), ("tutorial", 1)]
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m tutorial_kernels.gpt [--steps N] [--out PATH]`: train with each attention from two
+    """`python -m tutorial_kernels.integrations.gpt [--steps N] [--out PATH]`: train with each attention from two
     seeds on a GPU and write the losses and step times, with provenance, to data/ch06_training.json.
     Two seeds per attention measure the run-to-run noise the two attentions' curves are judged by."""
     import argparse
@@ -188,25 +189,26 @@ def main(argv: list[str] | None = None) -> None:
     import statistics
     import sys
 
-    from tutorial_kernels.bench import DATA_DIR, provenance
+    from tutorial_kernels.paths import data_dir
+    from tutorial_kernels.provenance import provenance
 
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.gpt", description=main.__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.integrations.gpt", description=main.__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=500)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "ch06_training.json")
+    parser.add_argument("--out", type=Path, help="JSON file to write (default: data/ch06_training.json)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("the training comparison runs on a CUDA GPU; none is visible here")
+    out = args.out or data_dir() / "ch06_training.json"
     corpus = CharCorpus()
     config = GPTConfig(vocab_size=corpus.vocab_size, **GPU_CONFIG)
     result = {
         "description": "Chapter 6: a character-level GPT trained with this tutorial's attention and with "
         "F.scaled_dot_product_attention, same seeds and data",
-        "provenance": {k: v for k, v in provenance("gpt-training", argv).items() if k not in ("timing", "peak_extra_memory")}
-        | {"command": " ".join(["python -m tutorial_kernels.gpt", *argv]),
-           "timing": "wall time of each training step (time.perf_counter; the loss's .item() synchronises)"},
+        "provenance": provenance(" ".join(["python -m tutorial_kernels.integrations.gpt", *argv]))
+        | {"suite": "gpt-training", "timing": "wall time of each training step (time.perf_counter; the loss's .item() synchronises)"},
         "config": {**config.__dict__, "batch_size": args.batch_size, "lr": args.lr, "steps": args.steps,
                    "autocast": "bfloat16", "optimizer": "AdamW", "corpus_chars": len(corpus.data)},
         "runs": [],
@@ -220,9 +222,9 @@ def main(argv: list[str] | None = None) -> None:
                                "median_step_ms": 1e3 * statistics.median(steady)})
         print(f"{attention:9} seed {seed}: loss {losses[0]:.3f} → {losses[-1]:.3f}, "
               f"median step {1e3 * statistics.median(steady):.1f} ms", flush=True)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n")
-    print(f"wrote {args.out}")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

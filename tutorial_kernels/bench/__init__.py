@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
-import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,10 +30,10 @@ import torch.nn.functional as F
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention
 from tutorial_kernels.reference import reference_attention, reference_softmax, relative_error
 from tutorial_kernels.testing import fresh_seed, random_qkv
+from tutorial_kernels.paths import data_dir
+from tutorial_kernels.provenance import provenance
 from tutorial_kernels.validation import UnsupportedShape
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-DATA_DIR = REPO_ROOT / "data"
 
 @dataclass(frozen=True)
 class Provider:
@@ -515,21 +512,9 @@ def measure_ceilings() -> dict:
     }
 
 
-def provenance(suite_name: str, argv: list[str]) -> dict:
-    props = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": props.name,
-        "sm_count": props.multi_processor_count,
-        "gpu_memory_gib": round(props.total_memory / 2**30, 1),
-        "driver": _nvidia_smi("driver_version"),
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version(),
-        "torch": torch.__version__,
-        "triton": _triton_version(),
-        "python": platform.python_version(),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": _git_commit(),
-        "command": " ".join(["python -m tutorial_kernels.bench", *argv]),
+def suite_provenance(suite_name: str, argv: list[str]) -> dict:
+    """The machine's provenance, plus what this harness did: the suite, how it timed, what memory means."""
+    return provenance(" ".join(["python -m tutorial_kernels.bench", *argv])) | {
         "suite": suite_name,
         "timing": f"per shape, every provider timed in {ROUNDS} interleaved rounds (rotated order) of "
         "triton.testing.do_bench (warmup 25 ms, rep 100 ms, median); ms is the median over rounds, ms_rounds "
@@ -537,37 +522,6 @@ def provenance(suite_name: str, argv: list[str]) -> dict:
         "peak_extra_memory": "torch.cuda.max_memory_allocated during one call minus memory allocated before it "
         "(inputs excluded, the output included)",
     }
-
-
-def _triton_version() -> str:
-    import triton
-
-    return triton.__version__
-
-
-def _nvidia_smi(field_name: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", f"--query-gpu={field_name}", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=30, check=True,
-        )
-        return out.stdout.strip().splitlines()[0]
-    except (OSError, subprocess.SubprocessError, IndexError):
-        return None
-
-
-def _git_commit() -> str:
-    """The commit measured: FA_GIT_COMMIT when the caller sets it (only a copy of the working tree
-    travels to the GPU machine, and a .git beside it may be stale), else git's HEAD."""
-    if os.environ.get("FA_GIT_COMMIT"):
-        return os.environ["FA_GIT_COMMIT"]
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30, check=True
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def _progress(items: list, desc: str) -> Iterator:
@@ -596,7 +550,7 @@ def run_suite(
     result = {
         "description": suite.description,
         "notes": suite.notes,
-        "provenance": provenance(name, argv),
+        "provenance": suite_provenance(name, argv),
         "ceilings": ceilings,
         "results": [],
     }
@@ -636,7 +590,7 @@ def run_probe(candidates: dict[str, Callable], out_path: Path, command: str,
     providers = [PROVIDERS["sdpa-cudnn"], *(PROVIDERS[key] for key in baselines),
                  *(Provider(label, fn) for label, fn in candidates.items())]
     result = {"description": "probe: candidate kernels against torch's cuDNN backend", "ceilings": measure_ceilings(),
-              "provenance": provenance("probe", []) | {"command": command}, "results": []}
+              "provenance": suite_provenance("probe", []) | {"command": command}, "results": []}
     for shape in _fa2_paper_shapes(head_dims, lengths, (dtype,)):
         rows = measure_shape(providers, shape, probing=True)
         for row in rows:
@@ -670,7 +624,7 @@ def measure_subset(name: str, keep: Callable[[object], bool]) -> dict:
         for shape in suite.shapes if keep(shape)
         for row, key in zip(measure_shape([PROVIDERS[key] for key in suite.providers], shape), suite.providers)
     ]
-    return {"description": suite.description, "provenance": provenance(name, ["(subset, not written)"]), "results": rows}
+    return {"description": suite.description, "provenance": suite_provenance(name, ["(subset, not written)"]), "results": rows}
 
 
 def _summary(result: dict) -> str:
@@ -704,11 +658,8 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         parser.error("benchmarks time real kernels and need a CUDA GPU; none is visible here")
-    out = args.out or DATA_DIR / SUITES[args.suite].default_out
+    out = args.out or data_dir() / SUITES[args.suite].default_out
     result = run_suite(args.suite, out, argv, args.providers, args.lengths, args.dtypes, args.append)
     print(_summary(result))
     print(f"wrote {out}")
 
-
-if __name__ == "__main__":
-    main()

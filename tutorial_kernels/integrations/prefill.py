@@ -1,4 +1,4 @@
-"""LLM prefill latency with each attention implementation: `python -m tutorial_kernels.prefill [--out PATH]`.
+"""LLM prefill latency with each attention implementation: `python -m tutorial_kernels.integrations.prefill [--out PATH]`.
 
 The ROCm blog's end-to-end study, redone with this tutorial's kernel as one of the contestants:
 Mistral-7B, Llama-3-8B and Phi-2 in Hugging Face `transformers`, one forward pass over a prompt of
@@ -6,7 +6,7 @@ N tokens (batch 1), with attention computed by
 
 * `eager`: transformers' plain PyTorch attention (Q Kᵀ, softmax, P V; the scores in HBM);
 * `sdpa`: `torch.nn.functional.scaled_dot_product_attention` (FlashAttention-2 or cuDNN inside);
-* `tutorial_fa2`: chapter 5's Triton kernel, registered by `tutorial_kernels.hf_attention`.
+* `tutorial_fa2`: chapter 5's Triton kernel, registered by `tutorial_kernels.integrations.hf_attention`.
 
 Every model is built from its published configuration with random bfloat16 weights: nothing can be
 downloaded on the benchmark machine, and the time of a forward pass depends on the shapes of the
@@ -50,7 +50,8 @@ from pathlib import Path
 
 import torch
 
-from tutorial_kernels.bench import DATA_DIR, provenance
+from tutorial_kernels.paths import data_dir
+from tutorial_kernels.provenance import provenance
 
 IMPLEMENTATIONS = {
     "eager": "eager PyTorch (transformers)",
@@ -346,13 +347,11 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
         check_length: int, seconds: float) -> dict:
     import transformers
 
-    from tutorial_kernels.hf_attention import register
+    from tutorial_kernels.integrations.hf_attention import register
 
     register()  # "tutorial_fa2" becomes an attention implementation transformers accepts
-    prov = provenance("prefill", argv)
-    prov.pop("peak_extra_memory", None)
+    prov = provenance(" ".join(["python -m tutorial_kernels.integrations.prefill", *argv])) | {"suite": "prefill"}
     prov.update(
-        command=" ".join(["python -m tutorial_kernels.prefill", *argv]),
         transformers=transformers.__version__,
         timing=f"CUDA events around each forward; per length, every implementation warmed up (2 forwards, 1 "
         "beyond 4096 tokens), then timed one forward at a time, the implementations taking turns (a b c, a c b, "
@@ -368,7 +367,7 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
             "Weights are random (built from each model's published config): latency depends on shapes, not values.",
             "Timed call: model(input_ids, attention_mask=all ones, use_cache=False, logits_to_keep=1) under "
             "torch.inference_mode(); logits of the last position only, as in generate's prefill.",
-            "tutorial_fa2 is tutorial_kernels.hf_attention registered with transformers.AttentionInterface: on a "
+            "tutorial_fa2 is tutorial_kernels.integrations.hf_attention registered with transformers.AttentionInterface: on a "
             "Hopper GPU at head_dim 128 where ch05_hopper.preferred_over_triton says it is the faster (here from "
             "1024 tokens), chapter 5's Hopper kernel (Gluon); "
             "otherwise chapter 5's flash_attn_v2_tuned, which autotunes at each new length during the warm-up, "
@@ -475,12 +474,12 @@ def summary(result: dict) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.prefill", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.integrations.prefill", description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS), help="models to build")
     parser.add_argument("--lengths", nargs="+", type=int, default=list(LENGTHS), help="prompt lengths in tokens")
     parser.add_argument("--impls", nargs="+", choices=list(IMPLEMENTATIONS), default=list(IMPLEMENTATIONS),
                         help="attention implementations")
-    parser.add_argument("--out", type=Path, default=DATA_DIR / "prefill.json", help="JSON file to write")
+    parser.add_argument("--out", type=Path, help="JSON file to write (default: data/prefill.json)")
     parser.add_argument("--check-length", type=int, default=2048,
                         help="prompt length of the logits check against sdpa (0: no check)")
     parser.add_argument("--seconds", type=float, default=4.0, help="about how long to time each point")
@@ -492,9 +491,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--lengths must be positive, got {args.lengths}")
     if args.check_length and "sdpa" not in args.impls:
         parser.error("the logits check compares with sdpa: include sdpa in --impls, or pass --check-length 0")
-    result = run(args.models, args.lengths, args.impls, args.out, argv, args.check_length, args.seconds)
+    out = args.out or data_dir() / "prefill.json"
+    result = run(args.models, args.lengths, args.impls, out, argv, args.check_length, args.seconds)
     print(summary(result))
-    print(f"wrote {args.out}")
+    print(f"wrote {out}")
     if not all(check["passed"] for check in result["checks"]):
         sys.exit("a logits check failed: see 'checks' in the output file")
 

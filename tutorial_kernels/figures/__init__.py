@@ -16,6 +16,8 @@ from typing import Callable
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tutorial_kernels.paths import data_file
+
 FigureFactory = Callable[[], go.Figure]
 FIGURES: dict[str, FigureFactory] = {}
 
@@ -68,7 +70,6 @@ def score_memory() -> go.Figure:
 
 # --- measured figures -------------------------------------------------------------------------
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
 # One colour per provider across every figure, so a reader can follow a line from chart to chart.
 PROVIDER_COLOURS = {
@@ -94,7 +95,7 @@ PROVIDER_COLOURS = {
 
 def load_data(name: str) -> dict:
     """A committed benchmark file, e.g. `load_data("ch02_sweep")` reads data/ch02_sweep.json."""
-    return json.loads((DATA_DIR / f"{name}.json").read_text())
+    return json.loads(data_file(f"{name}.json").read_text())
 
 
 def provenance_line(data: dict) -> str:
@@ -401,9 +402,9 @@ def timeline_figure(run, *, title: str | None = None, fig: go.Figure | None = No
 
     Programs that ran at the same time on one SM share its lane side by side (each gets a sub-lane);
     a program's wave is how many programs ran before it in its sub-lane, plus one. `run` is a
-    `tutorial_kernels.timeline.Timeline` or its dict. Pass `fig`, `row`, `col` to draw into a subplot.
+    `tutorial_kernels.instruments.timeline.Timeline` or its dict. Pass `fig`, `row`, `col` to draw into a subplot.
     """
-    from tutorial_kernels.timeline import Timeline
+    from tutorial_kernels.instruments.timeline import Timeline
 
     run = run if isinstance(run, Timeline) else Timeline.from_dict(run)
     lanes, waves = run.lanes(), run.waves()
@@ -638,7 +639,7 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earl
     thin and faint behind the recording, to show which points repeat from run to run and which do not.
     """
     data = data or load_data("ch01_reduction")
-    if earlier is None and (DATA_DIR / "ch01_reduction_earlier.json").exists():
+    if earlier is None and data_file("ch01_reduction_earlier.json").exists():
         earlier = load_data("ch01_reduction_earlier")
     dtypes = list(dict.fromkeys(r["dtype"] for r in data["results"]))
     fig = make_subplots(rows=1, cols=len(dtypes), subplot_titles=dtypes, shared_yaxes=True)
@@ -713,7 +714,7 @@ def _tflops_by_cell(data: dict, title: str) -> go.Figure:
                     hovertemplate="N = %{x}: %{y:.0f} TFLOP/s<extra>" + _label(data, key) + "</extra>",
                 ), row=i // 2 + 1, col=i % 2 + 1)
                 trace_dtypes.append(dtype)
-    from tutorial_kernels.figures_benchmarks import _run_ceiling
+    from tutorial_kernels.figures.benchmarks import _run_ceiling
 
     lengths = sorted({r["n"] for r in data["results"]})
     for dtype in dtypes:  # the ceiling of the run that measured this dtype (a file may hold several runs)
@@ -886,7 +887,7 @@ def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
 def _chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
     """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
     chapter's targets cover, N ≥ BAR_MIN_N."""
-    from tutorial_kernels.figures_benchmarks import BAR_MIN_N, _ratio_table, ratio_rows
+    from tutorial_kernels.figures.benchmarks import BAR_MIN_N, _ratio_table, ratio_rows
 
     rows = [r for r in ratio_rows(data, pass_name) if r["n"] >= BAR_MIN_N]
     fig = go.Figure(_ratio_table(data, pass_name, rows))
@@ -1215,7 +1216,7 @@ def ch04_tiles(data: dict | None = None) -> go.Figure:
 def _stacked_timelines(data: dict, titles: list[str], heading: str) -> go.Figure:
     """The runs of a timeline file one above the other, each on its own time axis; the legend comes
     from the run with the most waves, so that it names every colour."""
-    from tutorial_kernels.timeline import Timeline
+    from tutorial_kernels.instruments.timeline import Timeline
 
     runs = [Timeline.from_dict(r) for r in data["timelines"]]
     fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.12)
@@ -1245,7 +1246,7 @@ def ch04_timeline(data: dict | None = None) -> go.Figure:
 def ch05_timeline(data: dict | None = None) -> go.Figure:
     """Chapter 1's timeline at B·H = 8: FlashAttention-1's programs (one per head) against
     FlashAttention-2's (one per query tile of each head), each on its own time axis."""
-    from tutorial_kernels.timeline import Timeline
+    from tutorial_kernels.instruments.timeline import Timeline
 
     data = data or load_data("ch05_timeline")
     runs = [Timeline.from_dict(r) for r in data["timelines"]]
@@ -1294,7 +1295,7 @@ def ch04_loop_order(n: int = 512, block: int = 128) -> go.Figure:
 # The Benchmarks and LLM-prefill pages keep their figures in modules of their own; importing them
 # registers those figures here. When `mkdocs serve` reloads this module (a fresh, empty FIGURES),
 # they are reloaded too, so that they register again.
-for _module in ("tutorial_kernels.figures_benchmarks", "tutorial_kernels.figures_prefill"):
+for _module in ("tutorial_kernels.figures.benchmarks", "tutorial_kernels.figures.prefill"):
     if _module in sys.modules:
         importlib.reload(sys.modules[_module])
     else:

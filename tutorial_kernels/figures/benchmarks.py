@@ -28,8 +28,7 @@ from collections import Counter
 
 import plotly.graph_objects as go
 
-from tutorial_kernels.plots import (
-    DATA_DIR,
+from tutorial_kernels.figures import (
     PROVIDER_COLOURS,
     _label,
     _layout,
@@ -39,6 +38,7 @@ from tutorial_kernels.plots import (
     load_data,
     provenance_line,
 )
+from tutorial_kernels.paths import data_file
 
 # The two passes: the data file, the command that writes it, and our best kernel in it.
 PASSES = {
@@ -76,7 +76,7 @@ def _load(name: str, given):
         return None
     if given is not None:
         return given
-    return load_data(name) if (DATA_DIR / f"{name}.json").exists() else None
+    return load_data(name) if data_file(f"{name}.json").exists() else None
 
 
 def _pass_data(fwd, bwd) -> dict[str, dict]:

@@ -1,6 +1,6 @@
-"""Figures of the LLM prefill study (data/prefill.json, written by `python -m tutorial_kernels.prefill`).
+"""Figures of the LLM prefill study (data/prefill.json, written by `python -m tutorial_kernels.integrations.prefill`).
 
-Registered in `tutorial_kernels.plots`' figure registry when plots.py imports this module; the page
+Registered in `tutorial_kernels.figures`' figure registry when plots.py imports this module; the page
 docs/llm-prefill.md places them with `<!-- figure: NAME -->` markers.
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tutorial_kernels.plots import PROVIDER_COLOURS, _layout, figure, load_data
-from tutorial_kernels.prefill import compare_with_sdpa
+from tutorial_kernels.figures import PROVIDER_COLOURS, _layout, figure, load_data
+from tutorial_kernels.integrations.prefill import compare_with_sdpa
 
 # the colours the benchmark pages use for the same kernels
 IMPL_COLOURS = {

@@ -4,41 +4,32 @@ A kernel opts in by taking a trace buffer and calling two device functions:
 
     @triton.jit
     def my_kernel(..., trace_ptr):
-        start = timeline.program_start()          # %globaltimer, in ns, when the program begins
-        ...                                       # the kernel's work
-        timeline.program_end(trace_ptr, start)    # writes (SM id, start, end) to row `program id`
+        start = recorder.program_start()        # %globaltimer, in ns, when the program begins
+        ...                                     # the kernel's work
+        recorder.program_end(trace_ptr, start)  # writes (SM id, start, end) to row `program id`
 
-    trace = timeline.new_trace(n_programs, device)     # (n_programs, 3) int64, poisoned with -1
-    my_kernel[grid](..., trace)
-    run = timeline.Timeline.from_trace(trace, "my label", sm_count=132, grid=grid)
+    buffer = recorder.new_trace(n_programs, device)   # (n_programs, 3) int64, poisoned with -1
+    my_kernel[grid](..., buffer)
+    run = recorder.Timeline.from_trace(buffer, "my label", sm_count=132, grid=grid)
 
 `%smid` (the SM a thread runs on) and `%globaltimer` (a nanosecond clock shared by the whole GPU)
 are PTX special registers, read with `tl.inline_asm_elementwise`. Triton's interpreter cannot run
 inline assembly, so on a machine without a GPU `unavailable_reason()` says why and recording raises
 `TimelineUnavailable`; the notebooks then show a trace recorded on an H100 from `data/`.
 
-Recorded experiments are registered in `EXPERIMENTS` and written with their provenance by
-
-    python -m tutorial_kernels.timeline ch01-residency      # → data/ch01_timelines.json
+The experiments that record timelines on a GPU and write them to `data/` live in
+`tutorial_kernels.instruments.timeline`.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib
-import json
-import sys
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
 from tutorial_kernels.runtime import interpreter_active
-
-TRACE_COLUMNS = ("sm", "start_ns", "end_ns")
-
 
 # --8<-- [start:special_registers]
 @triton.jit
@@ -175,59 +166,3 @@ class Timeline:
                 running += step
                 best = max(best, running)
         return best
-
-
-# --- recorded experiments -----------------------------------------------------------------------
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-# name → (module, function returning a dict of JSON-able results, default data file)
-EXPERIMENTS: dict[str, tuple[str, str, str]] = {
-    "ch01-residency": ("tutorial_kernels.ch01_gpu_hierarchy", "record_residency_experiments", "ch01_timelines.json"),
-    "ch05-fa1-vs-fa2": ("tutorial_kernels.ch05_flash_v2", "record_timelines", "ch05_timeline.json"),
-}
-
-
-def run_experiment(name: str, out: Path, argv: list[str]) -> dict:
-    from tutorial_kernels.bench import provenance
-    from tutorial_kernels.ch01_gpu_hierarchy import device_properties
-
-    module, function, _ = EXPERIMENTS[name]
-    results = getattr(importlib.import_module(module), function)()
-    info = provenance(name, argv)
-    info["command"] = " ".join(["python -m tutorial_kernels.timeline", *argv])
-    info["timing"] = "per-program %globaltimer stamps (ns) read with inline PTX; one launch per timeline"
-    info.pop("peak_extra_memory", None)
-    data = {
-        "description": results.pop("description"),
-        "notes": results.pop("notes", []),
-        "provenance": info,
-        "device": device_properties(),
-        "results": [],  # bandwidth-style rows (see bench.py); these experiments store timelines instead
-        **results,
-    }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(data, indent=1) + "\n")
-    return data
-
-
-def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    parser = argparse.ArgumentParser(prog="python -m tutorial_kernels.timeline", description=__doc__.split("\n")[0])
-    parser.add_argument("experiment", choices=sorted(EXPERIMENTS), help="which recording to make")
-    parser.add_argument("--out", type=Path, help="JSON file to write (default: data/<experiment's file>)")
-    args = parser.parse_args(argv)
-    if (reason := unavailable_reason()) is not None:
-        parser.error(reason)
-    out = args.out or REPO_ROOT / "data" / EXPERIMENTS[args.experiment][2]
-    data = run_experiment(args.experiment, out, argv)
-    for run in data.get("timelines", []):
-        m = run["meta"]
-        print(f"{run['label']:48} {len(run['sm']):5} programs on {len(set(run['sm'])):3} SMs, "
-              f"≤{m.get('measured_per_sm')} at once per SM (predicted {m.get('predicted_per_sm')}), "
-              f"{max(run['end_ns']) / 1e3:8.1f} µs")
-    print(f"wrote {out}")
-
-
-if __name__ == "__main__":
-    main()
