@@ -9,14 +9,15 @@ Rules it enforces (see the README's "How kernels are tested"):
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import pytest
 import torch
 
+from tutorial_kernels.inputs import AttentionInputs, fresh_seed, random_qkv  # noqa: F401  (re-exported for tests)
 from tutorial_kernels.reference import reference_attention, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
+from tutorial_kernels.tolerances import grad_tolerance, tolerance  # noqa: F401  (re-exported for tests)
 
 ON_GPU = default_device().type == "cuda"
 
@@ -32,84 +33,6 @@ KERNEL_DTYPES = [
     torch.float16,
     pytest.param(torch.bfloat16, marks=pytest.mark.skipif(not ON_GPU, reason=SKIP_BF16_REASON)),
 ]
-
-
-def tolerance(dtype: torch.dtype) -> float:
-    """Bound on ‖out − ref‖ / ‖ref‖ for one attention output in `dtype`.
-
-    float32 is exact to ~1e-6 in the interpreter, but on a GPU `tl.dot` rounds float32 operands to
-    TF32 (10-bit mantissa, error ~1e-3); float16 keeps 10 mantissa bits (unit roundoff 4.9e-4) and
-    bfloat16 7 bits (3.9e-3), and S and P are rounded to that dtype once each.
-    """
-    if dtype == torch.float32:
-        return 1e-5 if interpreter_active() else 5e-3
-    if dtype == torch.float16:
-        return 3e-3
-    if dtype == torch.bfloat16:
-        return 2e-2
-    raise TypeError(f"no tolerance for dtype {dtype}")
-
-
-def grad_tolerance(dtype: torch.dtype) -> float:
-    """Bound on ‖grad − ref‖ / ‖ref‖. Looser than the forward's: P, dS and dO are each rounded to the
-    input dtype before a matrix product, and dK sums n_q such products (tf32 for float32 on a GPU)."""
-    if dtype == torch.float32:
-        # a GPU's tl.dot rounds float32 operands to TF32 (10 mantissa bits) — the inputs too, unlike
-        # float16 inputs, which are already exact — so float32 on a GPU gets twice float16's bound
-        return 1e-5 if interpreter_active() else 2e-2
-    if dtype == torch.float16:
-        return 1e-2
-    if dtype == torch.bfloat16:
-        return 5e-2
-    raise TypeError(f"no tolerance for dtype {dtype}")
-
-
-def fresh_seed() -> int:
-    """A new seed for every draw; printed by `assert_close` so a failure can be replayed."""
-    return int.from_bytes(os.urandom(4), "little")
-
-
-@dataclass
-class AttentionInputs:
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    seed: int
-
-
-def random_qkv(
-    batch: int,
-    heads: int,
-    n_q: int,
-    n_k: int,
-    head_dim: int,
-    dtype: torch.dtype,
-    device: torch.device | str | None = None,
-    *,
-    seed: int | None = None,
-    layout: str = "bhnd",
-) -> AttentionInputs:
-    """Random normal q (B, H, n_q, d), k and v (B, H, n_k, d).
-
-    `layout="bnhd"` allocates (B, N, H, d) and returns a transposed view — non-contiguous tensors,
-    as Hugging Face models pass them — to check that kernels honour strides.
-    """
-    seed = fresh_seed() if seed is None else seed
-    device = default_device() if device is None else torch.device(device)
-    # Drawn where they are used: benchmark inputs reach 3 × 2²⁵ numbers, a second of CPU time each.
-    # (The same seed gives different numbers on the CPU and on a GPU; each is reproducible.)
-    gen = torch.Generator(device=device).manual_seed(seed)
-
-    def draw(n: int) -> torch.Tensor:
-        if layout == "bhnd":
-            t = torch.randn(batch, heads, n, head_dim, generator=gen, device=device)
-        elif layout == "bnhd":
-            t = torch.randn(batch, n, heads, head_dim, generator=gen, device=device).transpose(1, 2)
-        else:
-            raise ValueError(f"layout must be 'bhnd' or 'bnhd', got {layout!r}")
-        return t.to(dtype=dtype)
-
-    return AttentionInputs(draw(n_q), draw(n_k), draw(n_k), seed)
 
 
 def poisoned(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:

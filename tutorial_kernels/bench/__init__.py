@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention
 from tutorial_kernels.reference import reference_attention, reference_softmax, relative_error
-from tutorial_kernels.testing import fresh_seed, random_qkv
+from tutorial_kernels.inputs import fresh_seed, random_qkv
 from tutorial_kernels.paths import data_dir
 from tutorial_kernels.provenance import provenance
 from tutorial_kernels.validation import UnsupportedShape
@@ -585,7 +585,7 @@ def run_probe(candidates: dict[str, Callable], out_path: Path, command: str,
     checks and rotated rounds. A candidate that does not compile is recorded as "failed", one whose
     output is off as "wrong", never timed as "ok". For experiments outside the suites
     (tools/probe_*.py); writes `out_path` after every shape."""
-    from tutorial_kernels.testing import tolerance
+    from tutorial_kernels.tolerances import tolerance
 
     providers = [PROVIDERS["sdpa-cudnn"], *(PROVIDERS[key] for key in baselines),
                  *(Provider(label, fn) for label, fn in candidates.items())]

@@ -1,0 +1,39 @@
+"""How close to the float64 reference each dtype must come: ‖out − ref‖ / ‖ref‖ bounds for the
+forward and for the gradients, on the GPU and in Triton's interpreter. Used by the tests and by the
+benchmark harness, which refuses to report a fast wrong kernel."""
+
+from __future__ import annotations
+
+import torch
+
+from tutorial_kernels.runtime import interpreter_active
+
+
+def tolerance(dtype: torch.dtype) -> float:
+    """Bound on ‖out − ref‖ / ‖ref‖ for one attention output in `dtype`.
+
+    float32 is exact to ~1e-6 in the interpreter, but on a GPU `tl.dot` rounds float32 operands to
+    TF32 (10-bit mantissa, error ~1e-3); float16 keeps 10 mantissa bits (unit roundoff 4.9e-4) and
+    bfloat16 7 bits (3.9e-3), and S and P are rounded to that dtype once each.
+    """
+    if dtype == torch.float32:
+        return 1e-5 if interpreter_active() else 5e-3
+    if dtype == torch.float16:
+        return 3e-3
+    if dtype == torch.bfloat16:
+        return 2e-2
+    raise TypeError(f"no tolerance for dtype {dtype}")
+
+
+def grad_tolerance(dtype: torch.dtype) -> float:
+    """Bound on ‖grad − ref‖ / ‖ref‖. Looser than the forward's: P, dS and dO are each rounded to the
+    input dtype before a matrix product, and dK sums n_q such products (tf32 for float32 on a GPU)."""
+    if dtype == torch.float32:
+        # a GPU's tl.dot rounds float32 operands to TF32 (10 mantissa bits) — the inputs too, unlike
+        # float16 inputs, which are already exact — so float32 on a GPU gets twice float16's bound
+        return 1e-5 if interpreter_active() else 2e-2
+    if dtype == torch.float16:
+        return 1e-2
+    if dtype == torch.bfloat16:
+        return 5e-2
+    raise TypeError(f"no tolerance for dtype {dtype}")
