@@ -422,3 +422,9 @@ def record_probe(grid: int, scenario: str, spin_ns: int = PROBE_SPIN_NS, device:
     run.meta["predicted_waves"] = waves(grid, predicted["programs_per_sm"], device["sm_count"])
     run.meta["measured_waves"] = max(run.waves())
     return run
+
+
+__all__ = ["triton_sum", "reduction_passes", "reduction_error", "cuda_sum", "cuda_block_sums",
+           "cuda_extension_unavailable_reason", "device_properties", "resident_programs_per_sm", "waves",
+           "record_probe", "partial_sums_kernel", "RESIDENCY_SCENARIOS", "PROBE_SPIN_NS", "REDUCTION_BLOCK",
+           "REDUCTION_WARPS"]

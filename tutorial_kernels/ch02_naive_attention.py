@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels.reference import causal_mask
+from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import check_attention_inputs, check_out, check_triton_tensor
 
 
@@ -189,11 +190,6 @@ BLOCK_N = 64
 SOFTMAX_BLOCK = 1024
 
 
-def _head_dim_block(head_dim: int) -> int:
-    # tl.arange needs a power of two and tl.dot an inner size of at least 16: pad and mask the rest.
-    return max(16, triton.next_power_of_2(head_dim))
-
-
 # --8<-- [start:stages]
 def attention_scores(
     q: torch.Tensor, k: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
@@ -209,7 +205,7 @@ def attention_scores(
         q, k, s,
         *q.stride(), *k.stride(),
         H, n_q, n_k, d, shape.sm_scale,
-        CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_head_dim_block(d),
+        CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d),
     )
     return s
 
@@ -252,7 +248,7 @@ def probs_times_values(
         p, v, o,
         *v.stride(), *o.stride(),
         H, n_q, n_k, d,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=_head_dim_block(d),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d),
     )
     return o
 # --8<-- [end:stages]

@@ -30,7 +30,9 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels.ch02_naive_attention import row_softmax as three_pass_softmax
+from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import SUPPORTED_DTYPES, check_attention_inputs, check_out, check_triton_tensor
 
 
@@ -129,17 +131,6 @@ _matmul_pointer_tuned = triton.autotune(configs=_matmul_configs(), key=["M", "N"
 _matmul_descriptor_tuned = triton.autotune(configs=_matmul_configs(), key=["M", "N", "K"])(_matmul_descriptor_kernel)
 
 
-def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    # Descriptors built inside a kernel need a little global memory for the TMA descriptor itself,
-    # on the device the kernel is launched on (the current one).
-    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
-
-
-def descriptor_compatible(t: torch.Tensor) -> bool:
-    """A tensor descriptor needs unit stride along the last axis and 16-byte aligned rows and base."""
-    return t.stride(-1) == 1 and (t.stride(0) * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-
-
 # --8<-- [start:matmul]
 def matmul(a: torch.Tensor, b: torch.Tensor, *, method: str = "auto") -> torch.Tensor:
     """C = A B for 2-D A (M, K) and B (K, N) of one dtype (float16, bfloat16, float32); any sizes and strides.
@@ -150,7 +141,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, method: str = "auto") -> torch.T
     _check_matmul_inputs(a, b)
     if method not in ("auto", "descriptors", "pointers"):
         raise ValueError(f"method must be 'auto', 'descriptors' or 'pointers', got {method!r}")
-    fits = descriptor_compatible(a) and descriptor_compatible(b)
+    fits = rows_describable(a) and rows_describable(b)
     if method == "descriptors" and not fits:
         raise ValueError(
             "method='descriptors' needs a and b row-major with rows a multiple of 16 bytes, got strides "
@@ -160,11 +151,10 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, method: str = "auto") -> torch.T
     N = b.shape[1]
     c = torch.empty((M, N), dtype=a.dtype, device=a.device)
     grid = lambda meta: (triton.cdiv(M, meta["BLOCK_M"]) * triton.cdiv(N, meta["BLOCK_N"]),)  # noqa: E731
-    use_descriptors = method == "descriptors" or (method == "auto" and fits and descriptor_compatible(c))
+    use_descriptors = method == "descriptors" or (method == "auto" and fits and rows_describable(c))
     if use_descriptors:
         if a.is_cuda:
-            # process-wide: this replaces any allocator set before (ours only hands out scratch bytes)
-            triton.set_allocator(_descriptor_scratch)
+            use_descriptor_scratch()  # for this thread; the kernel makes its descriptors in global memory
         _matmul_descriptor_tuned[grid](a, b, c, M, N, K, a.stride(0), b.stride(0), c.stride(0))
     else:
         _matmul_pointer_tuned[grid](a, b, c, M, N, K, *a.stride(), *b.stride(), *c.stride())
@@ -326,7 +316,7 @@ def online_softmax_attention(
     """
     shape = check_attention_inputs(q, k, v, causal, sm_scale)
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else check_out(out, "out", tuple(q.shape), q)
-    block_d = max(16, triton.next_power_of_2(shape.head_dim))
+    block_d = head_dim_block(shape.head_dim)
     grid = (triton.cdiv(shape.n_q, 64), shape.batch * shape.heads)
     _online_attention_kernel[grid](
         q, k, v, o,
@@ -362,3 +352,6 @@ def online_softmax_trace(scores: torch.Tensor, values: torch.Tensor, block: int)
                           partial=o / l if l > 0 else 0.0))
     return steps
 # --8<-- [end:online_trace]
+
+
+__all__ = ["matmul", "online_softmax", "three_pass_softmax_rows", "online_softmax_attention", "online_softmax_trace"]

@@ -32,6 +32,7 @@ import triton.language as tl
 
 from tutorial_kernels import recorder
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.tiling import causal_query_stages, head_dim_block, query_stages
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
 
@@ -90,7 +91,7 @@ def _flash_v1_kernel(
         if CAUSAL:
             # Query i sees key j when j ≤ i + (n_k − n_q). The first query that sees key start_n is
             # start_n − (n_k − n_q); Q tiles that end before it would see only −∞: skip them.
-            first_m = (tl.maximum(start_n - (n_k - n_q), 0) // BLOCK_M) * BLOCK_M
+            first_m, _ = causal_query_stages(start_n, n_q, n_k, BLOCK_N, BLOCK_M)
         for start_m in range(first_m, n_q, BLOCK_M):  # line 7: for 1 ≤ i ≤ T_r
 # --8<-- [end:outer_loop]
 # --8<-- [start:inner_step]
@@ -213,7 +214,7 @@ def flash_attn_v1_with_stats(
         q, k, v, o, acc, l, m, lse, trace,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, n_q, n_k, d, shape.sm_scale,
-        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=max(16, triton.next_power_of_2(d)),
+        CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim_block(d),
         TRACE=trace is not None,
         num_warps=num_warps or config["num_warps"], num_stages=num_stages or config["num_stages"],
     )
@@ -240,7 +241,7 @@ def flash_v1_schedule(n_q: int, n_k: int, block_m: int, block_n: int, causal: bo
     """
     visits = []
     for j, start_n in enumerate(range(0, n_k, block_n)):
-        first_m = (max(start_n - (n_k - n_q), 0) // block_m) * block_m if causal else 0
+        first_m = query_stages(start_n, n_q, n_k, block_n, block_m)[0] if causal else 0
         visits += [(j, start_m // block_m) for start_m in range(first_m, n_q, block_m)]
     return visits
 # --8<-- [end:schedule]

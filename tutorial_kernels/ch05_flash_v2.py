@@ -22,19 +22,18 @@ and pipeline depth per shape on the GPU.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
 from tutorial_kernels import recorder
-from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
+from tutorial_kernels.perf.autotune import TunedKernel
+from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
+from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.tiling import (
+    INTERPRETER_TILES, LOG2_E, causal_key_stages, from_log2_units, head_dim_block, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs, check_out
-
-LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
-
 
 # --8<-- [start:inner_loop]
 @triton.jit
@@ -189,10 +188,7 @@ def _flash_v2_fwd_kernel(
 
     # Which key tiles this query tile sees. Query i sees keys j ≤ i + (n_k − n_q) when causal.
     if CAUSAL:
-        first_row_sees = pid_m * BLOCK_M + (n_k - n_q) + 1  # keys [0, this) are visible to every row
-        last_row_sees = (pid_m + 1) * BLOCK_M + (n_k - n_q)  # no row sees a key at or past this
-        unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k) // BLOCK_N * BLOCK_N, 0)
-        masked_end = tl.maximum(tl.minimum(last_row_sees, n_k), 0)
+        unmasked_end, masked_end = causal_key_stages(pid_m * BLOCK_M, n_q, n_k, BLOCK_M, BLOCK_N)
     else:
         unmasked_end = n_k // BLOCK_N * BLOCK_N  # whole tiles
         masked_end = n_k  # the ragged last tile, if any
@@ -222,214 +218,111 @@ def _flash_v2_fwd_kernel(
                  mask=(offs_m[:, None] < n_q) & (offs_dt[None, :] < head_dim))
     if WRITE_LSE:
         # lse = ln Σ_j e^{S_ij} = (m + log₂ l) · ln 2, since m and the exponents are in log₂ units
-        lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        lse = tl.where(seen, from_log2_units(m_i + tl.math.log2(tl.where(seen, l_i, 1.0))), float("-inf"))
         tl.store(lse_ptr + pid_bh * n_q + offs_m, lse, mask=offs_m < n_q)
     if TRACE:
         recorder.program_end(trace_ptr, started)
 # --8<-- [end:forward_kernel]
 
 
-def _block_d(head_dim: int) -> int:
-    """The head dimension as one block: tl.arange needs a power of two, tl.dot at least 16."""
-    return max(16, triton.next_power_of_2(head_dim))
 
 
 def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_DT): the head dimension as one block (BLOCK_DT = 0), or as two power-of-two
     blocks when it is exactly their sum and below 128. Every padded column costs as much tensor-core
     work as a real one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on
-    zeros, as 64 + 16 none; likewise 48 = 32 + 16 and 96 = 64 + 32.
-
-    Other sizes run as one padded block, because two blocks failed there on the H100 with Triton 3.6
-    (BENCHMARKS.md, fourth session), though the interpreter's results were right: a second block that
-    itself needs padding (72 = 64 + 8 of 16) gave wrong outputs, and 160 = 128 + 32 made an
-    out-of-range shared-memory access (compute-sanitizer) in one order of compilations."""
+    zeros, as 64 + 16 none; likewise 48 = 32 + 16 and 96 = 64 + 32. Other sizes run as one padded
+    block: a second block that itself needs padding (72 = 64 + 8) gave wrong outputs on the H100,
+    and 160 = 128 + 32 an out-of-range shared-memory access (BENCHMARKS.md)."""
     first = 1 << (head_dim.bit_length() - 1)  # the largest power of two ≤ head_dim (≥ 16: checked before)
     second = head_dim - first
     if head_dim < 128 and second >= 16 and second & (second - 1) == 0:  # a power of two ≥ tl.dot's 16
         return first, second
-    return _block_d(head_dim), 0
+    return head_dim_block(head_dim), 0
 
 
-def _teaching_config(head_dim: int) -> dict:
+def teaching_config(head_dim: int) -> dict:
     """One readable configuration: 64 × 64 tiles (32-wide key tiles for the largest heads, whose
     Q tile and accumulator already take 64 × 256 × 4 bytes of registers), 4 warps, 2 stages."""
     if interpreter_active():
-        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+        return dict(INTERPRETER_TILES)
     return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, num_warps=4, num_stages=2)
 
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner may pick on a GPU. (128, 128, 8, 2) and
-# (128, 32, 4, 4) were candidates too and won no cell of a first H100 probe (data/ch05_fwd_probe.json).
-# The last is the teaching tile: the only one whose shared memory fits float32 at head_dim 256.
-TILE_CONFIGS = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
-
-# What the launcher allows for K/V loads; the autotuner reads it (a key, so a choice made for
-# contiguous K/V is never reused for a strided one) and `_allowed_loads` prunes by it.
+# What a launch allows for K/V loads; the autotuner reads it (a key, so a choice made for contiguous
+# K/V is never reused for a strided one) and `_allowed_loads` prunes by it.
 POINTERS_ONLY, DESCRIPTORS_ONLY, EITHER = 0, 1, 2
-
-
-def _tuning_configs() -> list[triton.Config]:
-    if interpreter_active():  # one tile size: the interpreter's cost grows with programs × loop steps
-        tiles = [(32, 32, 4, 1)]
-    else:
-        tiles = TILE_CONFIGS
-    return [
-        triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_DESCRIPTORS": tma}, num_warps=w, num_stages=s)
-        for bm, bn, w, s in tiles for tma in (False, True)
-    ]
-
-
-def _allowed_loads(configs, named_args, **kwargs):
-    """Keep the configs whose K/V load method the launcher allows (pointers, descriptors or both)."""
-    allowed = {POINTERS_ONLY: (False,), DESCRIPTORS_ONLY: (True,), EITHER: (False, True)}[named_args["load_choice"]]
-    return [c for c in configs if c.kwargs["USE_DESCRIPTORS"] in allowed]
-
-
-_flash_v2_fwd_tuned = triton.autotune(
-    configs=_tuning_configs(),
-    # Tuned once per (length bucket, head_dim, causal, dtype, load choice), not per exact length: a
-    # new sequence length reuses the choice made for its power-of-two bucket. Configs that overflow
-    # shared memory or registers fail to compile and are skipped.
-    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D", "load_choice"],
-    prune_configs_by={"early_config_prune": _allowed_loads},
-)(_flash_v2_fwd_kernel)
-
-
-# The autotuner's choice for each key, once made. Later calls launch the kernel with it directly:
-# triton.autotune rebuilds its key from all thirty-odd arguments on every call, Python work that
-# costs as much as the launch itself (data/launch_overhead.json), paid by every layer of a model.
-_tuned_choices: dict[tuple, triton.Config] = {}
-# Once chosen, the launch itself is remembered per call signature (launch_plan.py): Triton's own
-# dispatch, which re-derives the kernel's specialisation from every argument, runs once per signature.
-_tuned_launches = LaunchPlans(_flash_v2_fwd_kernel)
-_launches_with_descriptors: set = set()  # the keys of those that make TMA descriptors in the kernel
-
-
-# --8<-- [start:launcher]
-def _descriptor_scratch(size: int, alignment: int, stream) -> torch.Tensor:
-    # descriptors made inside a kernel need a little global memory for the TMA descriptor itself
-    return torch.empty(size, dtype=torch.int8, device=torch.cuda.current_device())
 
 
 def _descriptors_apply(k: torch.Tensor, v: torch.Tensor) -> bool:
     """TMA needs K and V as row-major matrices with 16-byte aligned rows. Descriptors are also kept
     to 16-bit dtypes, the ones tested on the GPU: float32 at head_dim 256 gave wrong outputs through
-    descriptors on the H100 with Triton 3.6 (BENCHMARKS.md, second session), and float32 at smaller
-    head_dims has no GPU test of this path."""
-    return all(
-        t.is_contiguous() and t.element_size() == 2
-        and (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
-        for t in (k, v)
-    )
+    descriptors on the H100 with Triton 3.6 (BENCHMARKS.md)."""
+    return all(t.is_contiguous() and t.element_size() == 2 and rows_describable(t) for t in (k, v))
 
 
-def _launch(q, k, v, causal, sm_scale, out, tuned: bool, descriptors: bool | None = None,
-            config: triton.Config | None = None, trace: torch.Tensor | None = None, with_lse: bool = False):
-    """(O, lse if with_lse else None). `out`, if given, may be any permutation of a contiguous layout:
-    the kernel writes through its strides (a model's (B, N, H, d) buffer viewed as (B, H, N, d))."""
-    # --8<-- [start:launch_plan]
-    # A tuned call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
-    # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
-    rememberable = tuned and descriptors is None and config is None and trace is None
-    plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if rememberable else None
-    if plan in _tuned_launches:
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
-        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
-        if plan in _launches_with_descriptors:  # the allocator is per thread: this may be another one
-            triton.set_allocator(_descriptor_scratch)
-        if _tuned_launches.relaunch(plan, q, k, v, o, *((lse,) if with_lse else ())):
-            return o, lse
-    # --8<-- [end:launch_plan]
+# --8<-- [start:launcher]
+def _prepare(q, k, v, causal, sm_scale, out, *, with_lse: bool, tuned: bool, descriptors: bool | None, trace=None):
+    """Check the inputs, allocate O (and lse) and lay out the kernel's arguments.
+
+    descriptors: True/False forces TMA descriptors / pointer loads for K and V; None lets a tuned
+    launch use descriptors where they apply (pointers for the teaching launch). Returns
+    (o, lse, args, constexprs, grid(meta)). `out`, if given, may be any permutation of a contiguous
+    layout: the kernel writes through its strides (a model's (B, N, H, d) buffer seen as (B, H, N, d))."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
-    if tuned and config is not None:
-        raise ValueError("config: names one configuration for the untuned launch; got one with tuned=True")
-    if tuned and trace is not None:
-        raise ValueError("trace: a timeline needs a fixed grid; record it with tuned=False")
-    if config is not None:
-        descriptors = config.kwargs["USE_DESCRIPTORS"]
     if descriptors is not None and not isinstance(descriptors, bool):
         raise TypeError(f"descriptors must be None, True or False, got {type(descriptors).__name__} {descriptors!r}")
-    if out is None:
-        o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    else:
-        o = check_out(out, "out", tuple(q.shape), q, any_dense_layout=True)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(
+        out, "out", tuple(q.shape), q, any_dense_layout=True)
     lse = torch.empty((shape.batch, shape.heads, shape.n_q), dtype=torch.float32, device=q.device) if with_lse else None
     if descriptors and not _descriptors_apply(k, v):
         raise ValueError("descriptors=True needs contiguous float16 or bfloat16 k and v with 16-byte aligned "
                          f"rows; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
     block_d, block_dt = _head_dim_blocks(shape.head_dim)
-    if descriptors is None:  # the tuned launcher lets the autotuner choose where TMA may be used
-        # (not for a head dimension in two blocks: one descriptor loads one block of columns)
+    if descriptors is None:  # the tuned launch may use TMA where K and V allow it (not for a head
+        # dimension in two blocks: one descriptor loads one block of columns), keeping the faster
         choice = EITHER if tuned and k.is_cuda and not block_dt and _descriptors_apply(k, v) else POINTERS_ONLY
     else:
         choice = DESCRIPTORS_ONLY if descriptors else POINTERS_ONLY
     if choice == DESCRIPTORS_ONLY:
-        block_d, block_dt = _block_d(shape.head_dim), 0
+        block_d, block_dt = head_dim_block(shape.head_dim), 0
     if choice != POINTERS_ONLY and k.is_cuda:
-        triton.set_allocator(_descriptor_scratch)  # for this thread (a context variable); it only hands out scratch
-    length_bucket = triton.next_power_of_2(max(shape.n_q, shape.n_k))
+        use_descriptor_scratch()
     args = (
         q, k, v, o, lse, trace,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
         shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
-        length_bucket,  # only the autotuner reads it
+        triton.next_power_of_2(max(shape.n_q, shape.n_k)),  # length_bucket: only the autotuner reads it
         choice,  # likewise
     )
-    fixed = dict(
+    constexprs = dict(
         CAUSAL=causal, BLOCK_D=block_d,
         EVEN_D=block_d <= shape.head_dim,  # the first block has no column past head_dim: no mask along d
         SPLIT_D=block_dt > 0, BLOCK_DT=max(block_dt, 16),  # 16: the placeholder's width when not split
         WRITE_LSE=with_lse, TRACE=trace is not None,
     )
-    if tuned:
-        # the autotuner's key: its `key` arguments, then the dtypes of the tensor arguments (q's for
-        # q, k, v and o, which must match; lse's float32 only when it is written)
-        tuning_key = (length_bucket, shape.head_dim, causal, block_d, choice, q.dtype, with_lse)
-        chosen = _tuned_choices.get(tuning_key)
-        if chosen is None:  # the first call with this key: the autotuner times its candidates, keeps one
-            grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
-            _flash_v2_fwd_tuned[grid](*args, **fixed)
-            _tuned_choices[tuning_key] = _flash_v2_fwd_tuned.best_config
-            return o, lse
-        launch = chosen.all_kwargs()
-    elif config is not None:  # a configuration named by the caller (tests, probes)
-        launch = config.all_kwargs()
-    else:  # the teaching configuration
-        launch = _teaching_config(shape.head_dim) | dict(USE_DESCRIPTORS=choice == DESCRIPTORS_ONLY)
-    grid = (triton.cdiv(shape.n_q, launch["BLOCK_M"]), shape.batch * shape.heads)
-    if tuned:
-        _tuned_launches.launch(plan, grid, *args, **fixed, **launch)  # and remember it
-        if plan is not None and launch["USE_DESCRIPTORS"]:
-            _launches_with_descriptors.add(plan)
-    else:
-        _flash_v2_fwd_kernel[grid](*args, **fixed, **launch)
+    grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
+    return o, lse, args, constexprs, grid
+
+
+def _launch_teaching(q, k, v, causal, sm_scale, out, *, with_lse=False, config=None, trace=None):
+    """One launch with the teaching configuration, or with `config` (one of the tuned candidates,
+    `TUNED.configs`, for tests and probes)."""
+    if config is not None and not isinstance(config, triton.Config):
+        raise TypeError(f"config must be a triton.Config or None, got {type(config).__name__} {config!r}")
+    descriptors = bool(config.kwargs.get("USE_DESCRIPTORS", False)) if config is not None else False
+    o, lse, args, constexprs, grid = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=False,
+                                              descriptors=descriptors, trace=trace)
+    meta = config.all_kwargs() if config is not None else teaching_config(k.shape[-1]) | dict(USE_DESCRIPTORS=False)
+    _flash_v2_fwd_kernel[grid(meta)](*args, **constexprs, **meta)
     return o, lse
-
-
 # --8<-- [end:launcher]
-
-
-def autotuner_choice(kernel, q: torch.Tensor, k: torch.Tensor, causal: bool) -> dict | None:
-    """The configuration `kernel` (a triton.autotune wrapper keyed by length bucket, head_dim and
-    causal first) settled on for inputs like q, k, for reports. Its cache key is the `key`
-    arguments in order, then the dtypes of the tensor arguments, q's first."""
-    prefix = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal)
-    for key, config in kernel.cache.items():
-        if key[:3] == prefix and key[len(kernel.keys)] == str(q.dtype):
-            return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
-    return None
-
-
-def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
-    """The configuration the autotuner settled on for these inputs (after a call), for reports."""
-    return autotuner_choice(_flash_v2_fwd_tuned, q, k, causal)
 
 
 def flash_attn_v2(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
-    *, out: torch.Tensor | None = None,
+    *, out: torch.Tensor | None = None, config: triton.Config | None = None, trace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FlashAttention-2 forward, teaching configuration: softmax(scale · Q Kᵀ) V.
 
@@ -437,8 +330,58 @@ def flash_attn_v2(
     16 ≤ d ≤ 256; any strides; float16, bfloat16 or float32. Causal masks are bottom-right aligned.
     out: an optional (B, H, n_q, d) buffer to write into, contiguous or a permuted view of a contiguous
     tensor (e.g. (B, n_q, H, d) memory transposed, the layout a model's output projection reads).
+    config: one of `TUNED.configs` instead of the teaching configuration. trace: a buffer from
+    `recorder.new_trace` that receives each program's SM and times (GPU only).
+    Raises ValueError / TypeError naming the argument for inputs outside this contract.
     """
-    return _launch(q, k, v, causal, sm_scale, out, tuned=False)[0]
+    return _launch_teaching(q, k, v, causal, sm_scale, out, config=config, trace=trace)[0]
+
+
+# --- the tuned launch ---------------------------------------------------------------------------------
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) the autotuner may pick on a GPU (data/ch05_fwd_probe.json).
+# The last is the teaching tile: the only one whose shared memory fits float32 at head_dim 256.
+TILE_CONFIGS = [(128, 128, 8, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (64, 32, 4, 2)]
+
+
+def _allowed_loads(configs, named_args, **kwargs):
+    """Keep the configs whose K/V load method the launch allows (pointers, descriptors or both)."""
+    allowed = {POINTERS_ONLY: (False,), DESCRIPTORS_ONLY: (True,), EITHER: (False, True)}[named_args["load_choice"]]
+    return [c for c in configs if c.kwargs["USE_DESCRIPTORS"] in allowed]
+
+
+# Tuned once per (length bucket, head_dim, causal, dtype, load choice), not per exact length: a new
+# sequence length reuses the choice made for its power-of-two bucket.
+TUNED = TunedKernel(
+    _flash_v2_fwd_kernel,
+    [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_DESCRIPTORS": tma}, num_warps=w, num_stages=s)
+     for bm, bn, w, s in tuning_tiles(TILE_CONFIGS) for tma in (False, True)],
+    key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D", "load_choice"],
+    prune=_allowed_loads,
+    makes_descriptors=lambda config: config.kwargs["USE_DESCRIPTORS"],
+)
+
+
+# --8<-- [start:tuned_launch]
+def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors: bool | None = None):
+    # --8<-- [start:launch_plan]
+    # A call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
+    # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
+    plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if descriptors is None else None
+    if plan in TUNED.plans:
+        o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
+        lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
+        if TUNED.relaunch(plan, q, k, v, o, *((lse,) if with_lse else ())):
+            return o, lse
+    # --8<-- [end:launch_plan]
+    o, lse, args, constexprs, grid = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=True,
+                                              descriptors=descriptors)
+    # the autotuner's key: its `key` arguments (length_bucket, head_dim, CAUSAL, BLOCK_D, load_choice),
+    # then the dtypes of the tensor arguments (q's for q, k, v and o; lse's only when it is written)
+    tuning_key = (args[-2], k.shape[-1], causal, constexprs["BLOCK_D"], args[-1], q.dtype, with_lse)
+    TUNED.launch(grid, tuning_key, plan, *args, **constexprs)
+    return o, lse
+# --8<-- [end:tuned_launch]
 
 
 def flash_attn_v2_tuned(
@@ -446,16 +389,29 @@ def flash_attn_v2_tuned(
     *, out: torch.Tensor | None = None, descriptors: bool | None = None,
 ) -> torch.Tensor:
     """The same kernel with tile sizes, warps, pipeline depth and the way K/V tiles are loaded
-    autotuned per shape on the GPU. With `descriptors=None` the autotuner may fetch K/V through
-    tensor descriptors (TMA on Hopper) when k and v are contiguous float16/bfloat16 CUDA tensors with
-    16-byte rows,
-    and keeps whichever is faster; `descriptors=False` forces pointer loads, `True` descriptors."""
-    return _launch(q, k, v, causal, sm_scale, out, tuned=True, descriptors=descriptors)[0]
+    autotuned per shape on the GPU (the first call at a new shape bucket pays for the tuning).
+    With `descriptors=None` the autotuner may fetch K/V through tensor descriptors (TMA on Hopper)
+    when k and v are contiguous float16/bfloat16 CUDA tensors with 16-byte rows, and keeps whichever
+    is faster; `descriptors=False` forces pointer loads, `True` descriptors. Contract as `flash_attn_v2`."""
+    return _launch_tuned(q, k, v, causal, sm_scale, out, descriptors=descriptors)[0]
 
 
 def flash_attn_v2_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
     *, tuned: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, lse): the output and each row's log Σ_j e^{S_ij} (float32, (B, H, n_q); −∞ where a query sees no key)."""
-    return _launch(q, k, v, causal, sm_scale, None, tuned=tuned, with_lse=True)
+    """(O, lse): the output and each row's log Σ_j e^{S_ij} (float32, (B, H, n_q); −∞ where a query
+    sees no key), from the teaching launch or (tuned=True) the tuned one."""
+    if not isinstance(tuned, bool):
+        raise TypeError(f"tuned must be a bool, got {type(tuned).__name__} {tuned!r}")
+    launch = _launch_tuned if tuned else _launch_teaching
+    return launch(q, k, v, causal, sm_scale, None, with_lse=True)
+
+
+def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
+    """The configuration the autotuner settled on for these inputs (after a tuned call), for reports."""
+    return TUNED.choice_for(triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal, q.dtype)
+
+
+__all__ = ["flash_attn_v2", "flash_attn_v2_tuned", "flash_attn_v2_with_lse", "teaching_config", "tuned_choice",
+           "TILE_CONFIGS", "TUNED"]

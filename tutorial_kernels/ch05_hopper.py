@@ -55,8 +55,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tutorial_kernels.ch05_flash_v2 import LOG2_E
 from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
+from tutorial_kernels.tiling import LOG2_E
 from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs, check_out
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
@@ -571,3 +571,7 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
         CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out
+
+
+__all__ = ["flash_attn_hopper", "hopper_kernel_unavailable", "preferred_over_triton", "runs_persistent",
+           "pairs_per_section", "HEAD_DIM", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]

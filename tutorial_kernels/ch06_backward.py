@@ -28,17 +28,16 @@ no key (lse = −∞) get P = 0 and contribute nothing.
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.ch05_flash_v2 import autotuner_choice, flash_attn_v2_with_lse
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
+from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.tiling import (
+    INTERPRETER_TILES, LOG2_E, causal_key_stages, causal_query_stages, head_dim_block, to_log2_units, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs
-
-LOG2_E = 1.0 / math.log(2.0)  # log₂ e: e^x = 2^(x·log₂e)
 
 
 # --8<-- [start:preprocess]
@@ -94,7 +93,7 @@ def _dkdv_from_query_tiles(
                      mask=m_ok[:, None] & d_ok[None, :], other=0.0)
         lse = tl.load(lse_src + offs_m, mask=m_ok, other=float("inf"))
         # a query that sees no key has lse = −∞; +∞ instead makes its P = 2^(s − ∞) = 0, not ∞·0 = NaN
-        lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log₂ units
+        lse2 = tl.where(lse == float("-inf"), float("inf"), to_log2_units(lse))
         delta = tl.load(delta_src + offs_m, mask=m_ok, other=0.0)
 
         s_t = tl.dot(k, q_t)  # Sᵀ = K_j Qᵢᵀ, (BLOCK_N, BLOCK_M) raw scores, float32
@@ -145,9 +144,7 @@ def _attn_bwd_dkdv_kernel(
     # Which query tiles see this key tile. Query i sees key j when j ≤ i + δ, δ = n_k − n_q, so
     # rows i ≥ start_n − δ see some key of the tile and rows i ≥ start_n + BLOCK_N − 1 − δ see all.
     if CAUSAL:
-        delta_nq = n_k - n_q
-        masked_start = tl.maximum(start_n - delta_nq, 0) // BLOCK_M * BLOCK_M
-        unmasked_start = (tl.maximum(start_n + BLOCK_N - 1 - delta_nq, 0) + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+        masked_start, unmasked_start = causal_query_stages(start_n, n_q, n_k, BLOCK_N, BLOCK_M)
         masked_end = tl.minimum(unmasked_start, n_q)
     else:
         masked_start = 0
@@ -237,7 +234,7 @@ def _attn_bwd_dq_kernel(
     do = tl.load(do_ptr + batch * stride_dob + head * stride_doh + offs_m[:, None] * stride_dom
                  + offs_d[None, :] * stride_dod, mask=qd_mask, other=0.0)
     lse = tl.load(lse_ptr + pid_bh * n_q + offs_m, mask=m_ok, other=float("inf"))
-    lse2 = tl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # P = 0 for unseeing rows
+    lse2 = tl.where(lse == float("-inf"), float("inf"), to_log2_units(lse))  # P = 0 for unseeing rows
     delta = tl.load(delta_ptr + pid_bh * n_q + offs_m, mask=m_ok, other=0.0)
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     k_src = k_ptr + batch * stride_kb + kv_head * stride_kh
@@ -245,10 +242,7 @@ def _attn_bwd_dq_kernel(
 
     # The key tiles this query tile sees: the forward's two stages (chapter 5).
     if CAUSAL:
-        first_row_sees = pid_m * BLOCK_M + (n_k - n_q) + 1
-        last_row_sees = (pid_m + 1) * BLOCK_M + (n_k - n_q)
-        unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k), 0) // BLOCK_N * BLOCK_N
-        masked_end = tl.maximum(tl.minimum(last_row_sees, n_k), 0)
+        unmasked_end, masked_end = causal_key_stages(pid_m * BLOCK_M, n_q, n_k, BLOCK_M, BLOCK_N)
     else:
         unmasked_end = n_k  # no causal mask; the ragged end is zero-padded
         masked_end = n_k
@@ -264,44 +258,41 @@ def _attn_bwd_dq_kernel(
 # --8<-- [end:dq_kernel]
 
 
-def _block_d(head_dim: int) -> int:
-    return max(16, triton.next_power_of_2(head_dim))  # tl.arange needs a power of two; pad d with zeros
-
-
 def _backward_config(head_dim: int) -> dict:
-    """The teaching configuration. The interpreter's cost grows with programs × loop steps, so it
-    gets 32 × 32 tiles; on the GPU, 64 × 64 (32 × 32 above d = 128, where K_j, V_j, dK_j and dV_j
-    alone fill the registers)."""
+    """The teaching configuration: 64 × 64 tiles on the GPU (32 × 32 above d = 128, where K_j, V_j,
+    dK_j and dV_j alone fill the registers); the interpreter's small tiles on the CPU."""
     if interpreter_active():
-        return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+        return dict(INTERPRETER_TILES)
     if head_dim <= 128:
         return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
     return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
 
 
 def _configs(tiles) -> list[triton.Config]:
-    if interpreter_active():
-        tiles = [(32, 32, 4, 1)]
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tiles]
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s) for bm, bn, w, s in tuning_tiles(tiles)]
 
 
 # (BLOCK_M, BLOCK_N, warps, stages). The dK/dV kernel keeps a key tile and its two accumulators on
 # chip and streams query tiles past it, so it favours a wide BLOCK_N and a narrow BLOCK_M; the dQ
 # kernel is the mirror image. Configs that do not fit (d = 256) fail to compile and are skipped.
 _TUNE_KEY = ["length_bucket", "head_dim", "CAUSAL", "BLOCK_D"]
-_dkdv_tuned = triton.autotune(
-    configs=_configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 2), (32, 32, 4, 2)]),
+TUNED_DKDV = TunedKernel(
+    _attn_bwd_dkdv_kernel,
+    _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 2), (32, 32, 4, 2)]),
     key=_TUNE_KEY,
-)(_attn_bwd_dkdv_kernel)
-_dq_tuned = triton.autotune(
-    configs=_configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2), (32, 32, 4, 2)]),
+)
+TUNED_DQ = TunedKernel(
+    _attn_bwd_dq_kernel,
+    _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2), (32, 32, 4, 2)]),
     key=_TUNE_KEY,
-)(_attn_bwd_dq_kernel)
+)
 
 
 def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
-    """The configurations the autotuner settled on for these inputs (after a backward), for reports."""
-    chosen = {name: autotuner_choice(kernel, q, k, causal) for name, kernel in (("dkdv", _dkdv_tuned), ("dq", _dq_tuned))}
+    """The configurations the autotuner settled on for these inputs (after a tuned backward), for reports."""
+    bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
+    chosen = {name: tuned.choice_for(bucket, q.shape[3], causal, q.dtype)
+              for name, tuned in (("dkdv", TUNED_DKDV), ("dq", TUNED_DQ))}
     return {name: c for name, c in chosen.items() if c is not None} or None
 
 
@@ -316,7 +307,7 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     if do.shape != q.shape or do.dtype != q.dtype:
         raise ValueError(f"do must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
                          f"got {tuple(do.shape)} {do.dtype}")
-    block_d = _block_d(shape.head_dim)
+    block_d = head_dim_block(shape.head_dim)
     heads, n_q, n_k = shape.heads, shape.n_q, shape.n_k
     delta = torch.empty((shape.batch, heads, n_q), dtype=torch.float32, device=q.device)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -338,8 +329,10 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
     grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
     if tuned:
-        _dkdv_tuned[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d)
-        _dq_tuned[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d)
+        # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
+        tuning_key = (common[-1], shape.head_dim, causal, block_d, q.dtype)
+        TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d)
+        TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, CAUSAL=causal, BLOCK_D=block_d)
     else:
         teaching = _backward_config(shape.head_dim)
         dkdv_config, dq_config = (teaching, teaching) if configs is None else (c.all_kwargs() for c in configs)
@@ -387,3 +380,7 @@ def flash_attention(
     if not isinstance(tuned, bool):
         raise TypeError(f"tuned must be a bool, got {type(tuned).__name__} {tuned!r}")
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, tuned)
+
+
+__all__ = ["flash_attention", "flash_attn_backward", "FlashAttentionFunction", "tuned_backward_choice",
+           "TUNED_DKDV", "TUNED_DQ"]

@@ -9,6 +9,8 @@ below the count; `data/ch04_hbm_bytes.json` holds both.
 
 from __future__ import annotations
 
+from tutorial_kernels.tiling import key_stages, query_stages
+
 
 # --8<-- [start:flash_v1]
 def flash_v1_hbm_bytes(
@@ -25,7 +27,7 @@ def flash_v1_hbm_bytes(
     d = head_dim
     rows_visited = 0  # Σ over visits of the Q tile's real rows (the masked tail moves nothing)
     for start_n in range(0, n_k, block_n):
-        first_m = (max(start_n - (n_k - n_q), 0) // block_m) * block_m if causal else 0
+        first_m = query_stages(start_n, n_q, n_k, block_n, block_m)[0] if causal else 0
         rows_visited += max(n_q - first_m, 0)
     per_head = {
         "init_write": n_q * (d + 2) * f32,
@@ -61,8 +63,8 @@ def flash_v2_hbm_bytes(
     kv_rows_read = 0  # Σ over query tiles of the keys their programs load
     for start_m in range(0, n_q, block_m):
         if causal:  # keys up to the last row's horizon, whole tiles (the masked tile is loaded in full)
-            horizon = min(start_m + block_m + (n_k - n_q), n_k)
-            kv_rows_read += min(-(-max(horizon, 0) // block_n) * block_n, n_k)
+            horizon = key_stages(start_m, n_q, n_k, block_m, block_n)[1]
+            kv_rows_read += min(-(-horizon // block_n) * block_n, n_k)
         else:
             kv_rows_read += n_k
     per_head = {

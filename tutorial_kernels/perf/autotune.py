@@ -1,0 +1,80 @@
+"""A kernel launched with the configuration Triton's autotuner chose for it, without asking again.
+
+`triton.autotune` picks, per key, the fastest of its candidate configurations (tile sizes, warps,
+pipeline stages) by timing each one; candidates that do not fit (shared memory, registers) fail to
+compile and are skipped. It then rebuilds its key from all of the kernel's arguments on every
+call, Python work that costs about as much as the launch itself, and a model pays it in every
+layer. `TunedKernel` asks the autotuner once per tuning key, keeps its choice (`choices`), and
+launches later calls with it directly; a call that also has a launch key (`perf.launch_plan`) is
+remembered there (`plans`) and relaunched without Triton's dispatch next time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+
+import triton
+
+from tutorial_kernels.perf.descriptors import use_descriptor_scratch
+from tutorial_kernels.perf.launch_plan import LaunchPlans
+
+Grid = Callable[[dict], tuple[int, ...]]
+
+
+class TunedKernel:
+    """`kernel` (a @triton.jit function) with `configs` tuned per `key` (names of its arguments).
+
+    `prune(configs, named_args, **kwargs)` may drop candidates per call (Triton's early_config_prune).
+    `makes_descriptors(config)` says whether a launch with `config` builds tensor descriptors in the
+    kernel, which need scratch memory set up in the launching thread before every launch."""
+
+    def __init__(self, kernel, configs: Sequence[triton.Config], key: list[str], *,
+                 prune: Callable | None = None, makes_descriptors: Callable[[triton.Config], bool] = lambda c: False):
+        self.kernel = kernel
+        self.autotuner = triton.autotune(
+            configs=list(configs), key=key,
+            prune_configs_by={"early_config_prune": prune} if prune is not None else None,
+        )(kernel)
+        self.choices: dict[Hashable, triton.Config] = {}  # tuning key → the autotuner's choice
+        self.plans = LaunchPlans(kernel)  # launch key → a remembered launch
+        self._makes_descriptors = makes_descriptors
+        self._plans_with_descriptors: set[Hashable] = set()
+
+    @property
+    def configs(self) -> list[triton.Config]:
+        """The candidates the autotuner times (before pruning)."""
+        return self.autotuner.configs
+
+    def relaunch(self, plan: Hashable | None, *tensors) -> bool:
+        """Repeat the launch remembered under `plan` with `tensors`; False (nothing launched) if none is."""
+        if plan is None or plan not in self.plans:
+            return False
+        if plan in self._plans_with_descriptors:  # the allocator is per thread: this may be another one
+            use_descriptor_scratch()
+        return self.plans.relaunch(plan, *tensors)
+
+    def launch(self, grid: Grid, tuning_key: Hashable, plan: Hashable | None, *args, **constexprs) -> None:
+        """`kernel[grid](*args, **constexprs, **choice)` with the choice made for `tuning_key`; the first
+        call with a tuning key lets the autotuner time its candidates and keeps what it picks.
+        `grid(meta)` gets the launch's meta-parameters (BLOCK_M, ...). Remembered under `plan` unless None."""
+        chosen = self.choices.get(tuning_key)
+        if chosen is None:
+            self.autotuner[grid](*args, **constexprs)
+            self.choices[tuning_key] = self.autotuner.best_config
+            return
+        meta = chosen.all_kwargs()
+        if self._makes_descriptors(chosen):
+            use_descriptor_scratch()
+            if plan is not None:
+                self._plans_with_descriptors.add(plan)
+        self.plans.launch(plan, grid(meta), *args, **constexprs, **meta)
+
+    def choice_for(self, length_bucket: int, head_dim: int, causal: bool, dtype) -> dict | None:
+        """The configuration the autotuner settled on for a key starting (length_bucket, head_dim,
+        causal) with tensors of `dtype`, for reports: its cache key is the `key` arguments in order,
+        then the dtypes of the tensor arguments, the first tensor's first."""
+        prefix = (length_bucket, head_dim, causal)
+        for key, config in self.autotuner.cache.items():
+            if key[:3] == prefix and key[len(self.autotuner.keys)] == str(dtype):
+                return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        return None
