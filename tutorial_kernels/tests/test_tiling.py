@@ -10,8 +10,9 @@ from tutorial_kernels.runtime import default_device
 from tutorial_kernels.tiling import (
     causal_key_stages, causal_query_stages, from_log2_units, head_dim_block, key_stages, query_stages, to_log2_units)
 
-# (n_q, n_k) with n_q < n_k, n_q = n_k and n_q > n_k (rows that see no key), not multiples of the tiles
-LENGTHS = [(1, 1), (1, 70), (70, 1), (33, 33), (64, 64), (40, 130), (130, 40), (100, 257)]
+# (n_q, n_k) with n_q < n_k, n_q = n_k and n_q > n_k (rows that see no key), mostly not multiples of the
+# tiles, and every offset n_k − n_q from −20 to 20, so that each lands on and beside a tile boundary
+LENGTHS = [(1, 1), (1, 70), (70, 1), (64, 64), (40, 130), (130, 40), (100, 257)] + [(40, 40 + d) for d in range(-20, 21)]
 BLOCK_M, BLOCK_N = 32, 16
 
 
