@@ -41,8 +41,8 @@ def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.c
     """One K or V tile through pointers, masked only along the axes that can run past the tensor: keys
     past n_k in the masked stage (MASK_KEYS), columns past head_dim unless EVEN_COLS. An unmasked
     load compiles to 16-byte vector loads, a masked one may be split into narrower ones. (Whole
-    columns must not be masked anyway in the masked stage: with Triton 3.6 that made ptxas crash at
-    head_dim 16 with one query, BENCHMARKS.md, fourth session.)"""
+    columns must not be masked in the masked stage: with Triton 3.6 that made ptxas crash at
+    head_dim 16 with one query; BENCHMARKS.md.)"""
     if MASK_KEYS and not EVEN_COLS:
         tile = tl.load(ptrs, mask=key_ok & col_ok, other=0.0)
     elif MASK_KEYS:
@@ -364,7 +364,6 @@ TUNED = TunedKernel(
 
 # --8<-- [start:tuned_launch]
 def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors: bool | None = None):
-    # --8<-- [start:launch_plan]
     # A call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
     plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if descriptors is None else None
@@ -373,7 +372,6 @@ def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
         if TUNED.relaunch(plan, q, k, v, o, *((lse,) if with_lse else ())):
             return o, lse
-    # --8<-- [end:launch_plan]
     o, lse, args, constexprs, grid = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=True,
                                               descriptors=descriptors)
     # the autotuner's key: its `key` arguments (length_bucket, head_dim, CAUSAL, BLOCK_D, load_choice),

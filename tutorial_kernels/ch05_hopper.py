@@ -1,45 +1,25 @@
 """Chapter 5, on Hopper — FlashAttention-2's forward with FlashAttention-3's schedule, in Gluon.
 
 The algorithm is chapter 5's (Q tile outside, K/V tiles inside, online softmax, one division at the
-end); what changes is who does what, and when. On an H100, chapter 5's Triton kernel keeps the
-tensor cores busy only about half the time: every `tl.dot` is waited for before the next
-instruction (`wgmma.wait_group 0` in the PTX), so the exponentials of a tile never run while the
-tensor cores multiply, and both warpgroups of a program wait at the same barriers
-(BENCHMARKS.md, fifth session). FlashAttention-3 (Shah et al. 2024, §3.1–3.2) removes both stalls;
-Triton's Gluon dialect lets us write its schedule ourselves:
+end); what changes is who does what, and when (FlashAttention-3, Shah et al. 2024, §3.1–3.2):
 
-* warp specialisation: one *loader* warp only moves data — per work item a Q tile and K/V tiles
-  by TMA, the K/V tiles into a ring of shared-memory stages, each stage guarded by a "full" and an
-  "empty" mbarrier — while two *consumer* warpgroups, 64 query rows each, only compute. They do
-  not take turns: each releases a stage when it has finished with it and the loader refills it
-  when both have, so one can run up to two tiles ahead of the other, and one's products may overlap
-  the other's softmax;
-* inside a consumer, FA3's order: issue S_t = Q K_tᵀ, then O += P̃_{t-1} V_{t-1}, both asynchronous;
-  wait for S_t only, and compute its softmax while P̃_{t-1} V_{t-1} is still on the tensor cores;
-  then wait for that product and rescale O by α_t;
-* persistent programs (FA3 §3.1 uses them too): a program runs one *work item* (a 128-row query
-  tile of one head) after another with the same barriers and the same ring, so the next item's
-  tiles load while this one finishes. Causal items differ in length, so they go longest first and
-  are dealt to the programs forwards and backwards in turn, which balances the programs' sums.
-  `_launch` uses this for causal attention whose K and V fit in the L2 cache, and wherever one
-  head's K and V fit in an eighth of it (heads then go in sections that share the L2); one program
-  per item elsewhere
-  (measured: data/ch05_hopper_prefill_shape.json, data/ch05_hopper.json; BENCHMARKS.md, sixth and
-  eighth sessions);
-* the output leaves through shared memory: each consumer writes its O tile into its half of the Q
-  buffer and reads it back eight columns per thread, so its stores to memory are 16 bytes wide and
-  fill whole 32-byte sectors (written from wgmma's register layout they were 4 bytes wide and filled
-  half of each: twice the L2 write sectors, measured with Nsight Compute; BENCHMARKS.md, eighth
-  session). The loader brings an item's first K/V tile before the Q buffer is free again.
+* warp specialisation: one loader warp moves Q and K/V tiles by TMA into a ring of shared-memory
+  stages, each guarded by a "full" and an "empty" mbarrier; two consumer warpgroups (64 query rows
+  each) only compute, each releasing a stage when done, so one may run ahead of the other;
+* inside a consumer: issue S_t = Q K_tᵀ and O += P̃_{t-1} V_{t-1} asynchronously, wait for S_t only,
+  and compute its softmax while the previous product is still on the tensor cores;
+* persistent programs: a program runs one work item (a 128-row query tile of one head) after
+  another with the same barriers and ring; causal items go longest first (`_work_item`,
+  `_dealt_item`), and `runs_persistent` says when this beats one program per item;
+* the output leaves through shared memory, so its stores are 16 bytes wide.
 
-Q, K and V are read in place through 4-D TMA descriptors with their own strides, so the contiguous
-(B, H, N, d) layout and the (B, N, H, d) layout transformers' attention layers produce both work
-without a copy, and the copy engine fills rows past a head's n_q or n_k with zeros.
+Q, K and V are read in place through 4-D TMA descriptors with their own strides ((B, H, N, d) or
+the (B, N, H, d) layout of transformers' attention layers), rows past n_q or n_k filled with zeros.
 
-Scope: forward only (no log-sum-exp, so no training), float16/bfloat16, head_dim 128, GPUs of
-compute capability 9.x, the head dimension contiguous and the other strides multiples of 16 bytes.
-`hopper_kernel_unavailable` says why a call does not qualify; chapter 5's Triton kernel covers
-everything else. Gluon kernels do not run in Triton's CPU interpreter.
+Scope: forward only, float16/bfloat16, head_dim 128, compute capability 9.x, the head dimension
+contiguous and the other strides multiples of 16 bytes; `hopper_kernel_unavailable` says why a call
+does not qualify. Gluon kernels do not run in Triton's CPU interpreter. What each choice bought on
+an H100 is in BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -67,13 +47,11 @@ ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups mak
 BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q (later O) + 3 × 64 KiB of K/V = 224 of the 227 KiB allowed
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
-# From how many queries and keys on the model adapter prefers this kernel to chapter 5's Triton kernel
-# (`preferred_over_triton`), as measured on the H100. With persistent programs it was faster from 1024
-# on, at the prefill models' shape (data/ch05_hopper_prefill_shape.json) and the FA2 paper's
-# (data/ch05_hopper.json); with one program per item only from 2048 on (prefill shape: 32.8 µs at 1024
-# against the Triton kernel's 32.0, 89.5 at 2048 against its 100.0). Below that, each item has a few
-# key tiles, and the loop's first and last steps, which overlap nothing, weigh most. A decoding step
-# (one query) would fill a 128-row tile with a single row: never measured, left to the Triton kernel.
+# From how many queries and keys the model adapter prefers this kernel to chapter 5's Triton kernel
+# (`preferred_over_triton`), as measured on the H100 (data/ch05_hopper_prefill_shape.json,
+# data/ch05_hopper.json): with persistent programs from 1024, with one program per item from 2048.
+# Below that an item has few key tiles, and the loop's first and last steps, which overlap nothing,
+# weigh most. A decoding step (one query) would fill a 128-row tile with one row: left to Triton.
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
 
@@ -478,10 +456,8 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
 
 # --8<-- [start:launch_rule]
 # Persistent programs over many heads go section by section, each section the query heads of as many
-# key/value heads as have their K and V in this share of the L2 cache. Measured on the FA2 paper's
-# shapes (data/logs/2026-11-23_h100_hopper_sections_ee947f4.json): an eighth and a sixteenth within
-# 1.2 % of each other, a quarter up to 5 % behind; all heads in one section took up to 43 % longer
-# than one program per item.
+# key/value heads as have their K and V in this share of the L2 cache (an eighth and a sixteenth
+# measured level on the H100, a quarter behind, all heads in one section far behind: BENCHMARKS.md).
 SECTION_L2_SHARE = 1 / 8
 
 
@@ -496,9 +472,7 @@ def pairs_per_section(kv_bytes: int, kv_heads: int, causal: bool, l2_bytes: int,
     """How many (batch, query head) pairs one section of a persistent launch holds: all of them for
     causal attention within the L2 cache, so that the longest-first order is global; otherwise the
     query heads of as many whole key/value heads as fill SECTION_L2_SHARE of the L2 (at least one).
-    (Not causal, the items are equal and need no global order: at the prefill models' shape these
-    sections were level with one section up to 4096 tokens and 2.5 % faster at 8192,
-    data/logs/2026-11-23_h100_hopper_sections_noncausal_7b7553e.json.)"""
+    Not causal, the items are equal and need no global order."""
     if causal and kv_bytes <= l2_bytes:
         return kv_heads * group_size
     return max(1, int(SECTION_L2_SHARE * l2_bytes // (kv_bytes / kv_heads))) * group_size

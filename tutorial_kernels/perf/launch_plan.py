@@ -3,11 +3,10 @@
 `kernel[grid](*args)` does a good deal of Python before the GPU hears of it: it binds the arguments
 to the kernel's parameters, derives a specialisation from each one (a tensor's dtype and whether its
 address is a multiple of 16 bytes, whether an integer is 1 or a multiple of 16), hashes all that
-into a key, looks the compiled kernel up, and only then calls the compiled C launcher. On the H100
-hosts measured, a call through Triton's dispatch cost 25–46 µs of CPU time, a relaunch as below 18
-(data/launch_overhead.json and its earlier runs in data/logs/), and a model pays it in every layer.
-For a short prompt the GPU finishes a layer sooner than Python can issue the next one, and those
-microseconds become the model's latency.
+into a key, looks the compiled kernel up, and only then calls the compiled C launcher: tens of
+microseconds of CPU time per call (data/launch_overhead.json), paid in every layer of a model. For a
+short prompt the GPU finishes a layer sooner than Python can issue the next one, and that time
+becomes the model's latency.
 
 A caller that already knows everything that decides the launch but the tensors' addresses (the
 shapes, the strides, the dtypes, the scalars, each address's 16-byte alignment) can skip all of it:
