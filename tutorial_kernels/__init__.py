@@ -2,7 +2,13 @@
 
 Every chapter exposes the same call, `fn(q, k, v, causal=False, sm_scale=None) -> o`, on tensors
 shaped (batch, heads, seq, head_dim), and is checked against the float64 reference in
-`tutorial_kernels.reference`. Importing the package compiles nothing and touches no GPU.
+`tutorial_kernels.reference`. Importing the package compiles nothing and touches no GPU. On a machine
+without a CUDA GPU it sets TRITON_INTERPRET=1 (unless already set), so that the kernels run through
+Triton's interpreter on the CPU; with a GPU it changes no process-wide setting.
+
+Layers, bottom to top (a module imports only from its own layer or below; tests/test_architecture.py):
+leaves (runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling) →
+perf → chapters (ch01 … ch06, ch05_hopper) → instruments, integrations → bench → figures.
 """
 
 from tutorial_kernels.runtime import choose_execution_mode
