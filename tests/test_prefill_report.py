@@ -52,22 +52,3 @@ def test_prefill_vs_sdpa_table_shows_ratio_interval_and_verdict():
     assert table.cells.values[3][0] == "—" and ("m", 8192) not in compared  # ours ran out of memory
     assert table.cells.fill.color[1][0] == figures_prefill.VERDICT_MARKS["slower"][1]  # judged: N ≥ 2048
 
-
-def test_comparison_noise_tool_prints_both_comparisons(tmp_path, monkeypatch, capsys):
-    import importlib.util
-    import json
-    import sys
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "tools" / "prefill_comparison_noise.py"
-    spec = importlib.util.spec_from_file_location("prefill_comparison_noise", path)
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    ours, base = [61.0 + 0.1 * k for k in range(12)], [60.0 + 0.1 * k for k in range(12)]
-    ratio, low, high = tool.median_ratio_interval(ours, base)
-    assert ratio == pytest.approx(61.55 / 60.55) and low <= ratio <= high and high < 1.05
-    data = tmp_path / "prefill.json"
-    data.write_text(json.dumps(prefill_data_one_model()))
-    monkeypatch.setattr(sys, "argv", ["prefill_comparison_noise.py", str(data), "--length", "2048"])
-    tool.main()
-    assert "by pairs of turns 1.0100 [1.0100, 1.0100] slower" in capsys.readouterr().out

@@ -1,9 +1,11 @@
-"""Measure the HBM bytes that chapter 2's naive attention and chapter 4's FlashAttention-1 really move.
+"""Measure the HBM bytes that naive attention (ch. 2), FlashAttention-1 (ch. 4) and FlashAttention-2 (ch. 5) move.
 
     python3 tools/measure_hbm_bytes.py                     # → data/ch04_hbm_bytes.json
+    python3 tools/measure_hbm_bytes.py --series fa2-by-n --merge   # one series, the others kept
     python3 tools/measure_hbm_bytes.py --out /tmp/x.json --ncu /usr/local/cuda/bin/ncu
 
-Needs an NVIDIA GPU and Nsight Compute (`ncu`). The script runs itself under `ncu` in "driver" mode:
+Needs an NVIDIA GPU, Nsight Compute (`ncu`) and the package installed (`pip install -e '.[bench]'`,
+as for the benchmark harness). The script runs itself under `ncu` in "driver" mode:
 the driver launches every configuration once to compile it, then once more between
 `torch.cuda.profiler.start()` and `stop()`, and only those launches are profiled
 (`--profile-from-start off`). For each profiled kernel ncu reports
@@ -14,8 +16,9 @@ the driver launches every configuration once to compile it, then once more betwe
 with the clocks left alone (`--clock-control none`) and every cache flushed before each kernel
 (`--cache-control all`), so each kernel starts cold. The parent parses ncu's CSV, lines each
 kernel up with its configuration, adds the bytes predicted by the IO model
-(`tutorial_kernels.ch04_flash_v1.flash_v1_hbm_bytes` and `naive_kernel_bytes`) and writes one JSON
-file with the provenance of `tutorial_kernels.bench`.
+(`tutorial_kernels.instruments.hbm_model`: `naive_kernel_bytes`, `flash_v1_hbm_bytes`,
+`flash_v2_hbm_bytes`) and writes one JSON file with the measurement's provenance
+(`tutorial_kernels.provenance.provenance`, plus ncu's version and command line).
 """
 
 from __future__ import annotations
@@ -30,9 +33,9 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT))
-
+COMMAND = "python3 tools/measure_hbm_bytes.py"  # how the provenance names this tool (from the repository root)
+SUITE = "ch04-hbm-bytes"
+TIMING = "not timed: ncu serialises kernels and flushes caches; see data/ch04_sweep.json for times"
 METRICS = [
     "dram__bytes_read.sum",
     "dram__bytes_write.sum",
@@ -59,10 +62,10 @@ def configurations() -> list[dict]:
     for block_m, block_n in [(64, 16), (64, 32), (64, 64), (64, 128), (64, 256), (32, 128), (128, 128)]:
         configs.append({"series": "by-block", "schedule": "flash-v1", **shape(4096, 64), "causal": False,
                         "block_m": block_m, "block_n": block_n})
-    from tutorial_kernels.ch05_flash_v2 import _teaching_config
+    from tutorial_kernels.ch05_flash_v2 import teaching_config
 
     for d in (64, 128):
-        v1, v2 = gpu_blocks(d), _teaching_config(d)  # chapter 4's tiles; chapter 5's teaching tiles
+        v1, v2 = gpu_blocks(d), teaching_config(d)  # chapter 4's tiles; chapter 5's teaching tiles
         for n in (512, 1024, 2048, 4096, 8192, 16384):
             for causal in (False, True):
                 configs.append({"series": "by-n", "schedule": "flash-v1", **shape(n, d), "causal": causal,
@@ -137,11 +140,11 @@ def _run_ncu(ncu: str, configs: list[dict], metrics: list[str], timeout_s: int, 
             "--metrics", ",".join(metrics),
             sys.executable, str(Path(__file__).resolve()), "--driver", str(config_path),
         ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO_ROOT)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         log = log_path.read_text() if log_path.exists() else ""
         if proc.returncode != 0:
             raise RuntimeError(f"ncu exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{log[-2000:]}")
-    return parse_csv(log), " ".join(cmd[:-3] + ["python3 tools/measure_hbm_bytes.py --driver CONFIGS"])
+    return parse_csv(log), " ".join(cmd[:-3] + [f"{COMMAND} --driver CONFIGS"])
 
 
 def parse_csv(text: str) -> list[dict]:
@@ -159,7 +162,7 @@ def parse_csv(text: str) -> list[dict]:
 
 
 def short_name(kernel: str) -> str:
-    for name in [*NAIVE_KERNELS, FLASH_KERNEL]:
+    for name in [*NAIVE_KERNELS, FLASH_KERNEL, FLASH2_KERNEL]:
         if name in kernel:
             return name
     return "init (torch fill)" if INIT_MARK in kernel else kernel[:80]
@@ -206,7 +209,7 @@ def measured(record: dict) -> dict:
 
 
 def predicted(c: dict) -> dict:
-    from tutorial_kernels.ch04_flash_v1 import flash_v1_hbm_bytes, naive_kernel_bytes
+    from tutorial_kernels.instruments.hbm_model import flash_v1_hbm_bytes, flash_v2_hbm_bytes, naive_kernel_bytes
 
     size = {"float16": 2, "bfloat16": 2, "float32": 4}[c["dtype"]]
     args = (c["batch"], c["heads"], c["n"], c["n"], c["head_dim"], size)
@@ -215,8 +218,6 @@ def predicted(c: dict) -> dict:
         return {"predicted": {name: {"read": model[f"{name}_read"], "write": model[f"{name}_write"]}
                               for name in NAIVE_KERNELS}}
     if c["schedule"] == "flash-v2":
-        from tutorial_kernels.ch05_flash_v2 import flash_v2_hbm_bytes
-
         model = flash_v2_hbm_bytes(*args, c["block_m"], c["block_n"], c["causal"])
         return {"predicted": {FLASH2_KERNEL: {"read": model["kernel_read"], "write": model["kernel_write"]}}}
     model = flash_v1_hbm_bytes(*args, c["block_m"], c["block_n"], c["causal"])
@@ -235,6 +236,14 @@ def earlier_runs(previous: dict, kept_series: set[str]) -> list[dict]:
             for run in runs if kept_series & set(run["series"])]
 
 
+def run_provenance(argv: list[str], ncu_version: str) -> dict:
+    """The file's provenance: the machine's (`tutorial_kernels.provenance`), then this tool's suite name,
+    what its timing means, and ncu's version; `ncu_command` is added once ncu has run."""
+    from tutorial_kernels.provenance import provenance
+
+    return provenance(" ".join([COMMAND, *argv])) | {"suite": SUITE, "timing": TIMING, "ncu": ncu_version}
+
+
 def write(out: Path, info: dict, metrics: list[str], rows: list[dict], earlier_runs: list[dict] | None = None) -> None:
     data = {
         "description": "Chapter 4: HBM bytes per kernel, measured with Nsight Compute's DRAM counters, "
@@ -244,7 +253,8 @@ def write(out: Path, info: dict, metrics: list[str], rows: list[dict], earlier_r
             "Caches are flushed before every kernel (--cache-control all); clocks are left alone (--clock-control none).",
             "dram_* bytes crossed the HBM interface; l2_* bytes are 32-byte sectors requested by the SMs from L2.",
             "DRAM writes can read low: dirty lines still in the 50 MB L2 when a kernel ends are not counted for it.",
-            "predicted: tutorial_kernels.ch04_flash_v1.flash_v1_hbm_bytes and naive_kernel_bytes.",
+            "predicted: tutorial_kernels.instruments.hbm_model (naive_kernel_bytes, flash_v1_hbm_bytes, "
+            "flash_v2_hbm_bytes).",
         ],
         "provenance": info,
         "metrics": metrics,
@@ -259,7 +269,7 @@ def write(out: Path, info: dict, metrics: list[str], rows: list[dict], earlier_r
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "data" / "ch04_hbm_bytes.json")
+    parser.add_argument("--out", type=Path, help="default: data/ch04_hbm_bytes.json (tutorial_kernels.paths.data_dir())")
     parser.add_argument("--ncu", help="path to ncu (default: on PATH, else /usr/local/cuda/bin/ncu)")
     parser.add_argument("--driver", type=Path, help=argparse.SUPPRESS)  # internal: run under ncu
     parser.add_argument("--timeout", type=int, default=1500, help="seconds per ncu session")
@@ -272,10 +282,12 @@ def main(argv: list[str] | None = None) -> None:
 
     import torch
 
-    from tutorial_kernels.bench import provenance
+    from tutorial_kernels.paths import data_dir
 
     if not torch.cuda.is_available():
         parser.error("measuring HBM traffic needs a CUDA GPU and Nsight Compute; none is visible here")
+    if args.out is None:
+        args.out = data_dir() / "ch04_hbm_bytes.json"
     ncu = find_ncu(args.ncu)
     version = subprocess.run([ncu, "--version"], capture_output=True, text=True).stdout.strip().splitlines()[-1]
     configs = [c for c in configurations() if args.series is None or c["series"] in args.series]
@@ -286,11 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         previous = json.loads(args.out.read_text())
         kept = [r for r in previous["measurements"] if r["series"] not in measuring]
         earlier = earlier_runs(previous, {r["series"] for r in kept})
-    info = provenance("ch04-hbm-bytes", sys.argv[1:] if argv is None else argv)
-    info["command"] = " ".join(["python3 tools/measure_hbm_bytes.py", *(sys.argv[1:] if argv is None else argv)])
-    info["ncu"] = version
-    info["timing"] = "not timed: ncu serialises kernels and flushes caches; see data/ch04_sweep.json for times"
-    info.pop("peak_extra_memory", None)
+    info = run_provenance(sys.argv[1:] if argv is None else argv, version)
     metrics = list(METRICS)
     rows: list[dict] = []
     started = time.time()
