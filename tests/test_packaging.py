@@ -3,6 +3,7 @@ and says clearly what it needs when a checkout's folder (data/) is missing."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,9 +36,15 @@ print("data:", paths.data_dir())
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
+    # built from a copy of what the wheel is made of: setuptools leaves a build/ folder in the source
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "tutorial_kernels", source / "tutorial_kernels",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     out = tmp_path_factory.mktemp("wheel")
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, text=True)
+                    str(source)], check=True, capture_output=True, text=True)
     (built,) = out.glob("*.whl")
     return built
 
