@@ -50,15 +50,15 @@ def test_providers_take_turns_so_none_is_always_timed_first():
 
 
 def test_refusals_are_recorded_and_other_failures_raised():
-    from tutorial_kernels.bench import _refusal
+    from tutorial_kernels.bench import refusal_reason
     from tutorial_kernels.validation import UnsupportedShape
 
-    assert _refusal(torch.OutOfMemoryError("CUDA out of memory")) == "oom"
-    assert _refusal(UnsupportedShape("head_dim must be between 16 and 128, got 256")) == "unsupported"
-    assert _refusal(RuntimeError("No available kernel. Aborting execution.")) == "unsupported"
+    assert refusal_reason(torch.OutOfMemoryError("CUDA out of memory")) == "oom"
+    assert refusal_reason(UnsupportedShape("head_dim must be between 16 and 128, got 256")) == "unsupported"
+    assert refusal_reason(RuntimeError("No available kernel. Aborting execution.")) == "unsupported"
     # anything else is a bug in a kernel the suite runs: raised (recorded as "failed" only by probes)
-    assert _refusal(RuntimeError("PassManager::run failed")) is None
-    assert _refusal(ValueError("q must have 4 dimensions")) is None
+    assert refusal_reason(RuntimeError("PassManager::run failed")) is None
+    assert refusal_reason(ValueError("q must have 4 dimensions")) is None
 
 
 def test_every_suite_names_known_providers():

@@ -1,0 +1,114 @@
+"""The named sweeps of `python -m tutorial_kernels.bench SUITE`: `SUITES[name]` is a `Suite` (which
+providers, by key in `PROVIDERS`, on which shapes, written to which file under `data/`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tutorial_kernels.bench.shapes import MatmulShape, ReductionShape, Shape, SoftmaxShape, TrainingShape
+
+
+@dataclass
+class Suite:
+    """A named sweep: which providers, on which shapes, written to which data file."""
+
+    description: str
+    providers: list[str]
+    shapes: list
+    default_out: str
+    notes: list[str] = field(default_factory=list)
+
+
+def fa2_paper_shapes(head_dims, lengths, dtypes=("float16", "bfloat16")) -> list[Shape]:
+    """The FlashAttention-2 paper's convention: 16k tokens per batch (B = 16384 / N) and a hidden
+    size of 2048 (H = 2048 / d), so every point does comparable total work."""
+    return [
+        Shape(16384 // n, 2048 // d, n, d, causal, dtype)
+        for dtype in dtypes for d in head_dims for causal in (False, True) for n in lengths
+    ]
+
+
+SUITES: dict[str, Suite] = {
+    "ch01-reduction": Suite(
+        description="Chapter 1: sum-reduction bandwidth vs length, Triton and CUDA against torch.sum",
+        providers=["torch-sum", "triton-sum", "triton-sum-atomic", "cuda-sum"],
+        shapes=[ReductionShape(n, dtype) for dtype in ("float32", "float16")
+                for n in sorted([2**k for k in range(10, 29, 2)] + [1_000_003])],
+        default_out="ch01_reduction.json",
+        notes=["GB/s counts the bytes read, n · itemsize; the copy ceiling counts bytes read + written.",
+               "rel_err is |s − Σx| / Σ|x| with Σx from torch.sum in float64 (reduction_error).",
+               "The CUDA kernel is compiled by torch.utils.cpp_extension.load_inline before timing."],
+    ),
+    "ch02-sweep": Suite(
+        description="Chapter 2: time, TFLOP/s and peak extra memory vs N (B=1, H=32, d=128, fp16)",
+        providers=["eager", "naive-triton", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn", "sdpa-math"],
+        shapes=[Shape(1, 32, n, 128, causal) for causal in (False, True) for n in (512, 1024, 2048, 4096, 8192, 16384)],
+        default_out="ch02_sweep.json",
+    ),
+    "ch02-seed": Suite(
+        description="The ROCm blog's sweep: B=1, H=32, d=128, fp16, causal, N=256..4096 step 256",
+        providers=["eager", "sdpa-default", "naive-triton"],
+        shapes=[Shape(1, 32, n, 128, True) for n in range(256, 4096 + 1, 256)],
+        default_out="ch02_seed.json",
+        notes=["The blog draws inputs with torch.rand; we use torch.randn (never zeros, mean zero)."],
+    ),
+    "ch03-matmul": Suite(
+        description="Chapter 3: tiled matmul TFLOP/s vs size (square, fp16) against torch.matmul",
+        providers=["torch-matmul", "triton-matmul-pointers", "triton-matmul-descriptors"],
+        shapes=[MatmulShape(s, s, s) for s in (256, 512, 1024, 2048, 4096, 8192)]
+        + [MatmulShape(16384, 128, 16384), MatmulShape(16384, 16384, 128)],
+        default_out="ch03_matmul.json",
+        notes=["Triton kernels are autotuned per (M, N, K); the tuning runs before timing."],
+    ),
+    "ch03-softmax": Suite(
+        description="Chapter 3: softmax bandwidth vs row length (4096 rows, fp32) against torch.softmax",
+        providers=["torch-softmax", "three-pass-softmax", "online-softmax"],
+        shapes=[SoftmaxShape(4096, c) for c in (128, 512, 1024, 4096, 16384, 65536)],
+        default_out="ch03_softmax.json",
+        notes=["GB/s counts the least traffic: x read once and y written once (2 · rows · cols · 4 bytes)."],
+    ),
+    "ch03-attention": Suite(
+        description="Chapter 3: the online-softmax attention against chapter 2 and torch (B=1, H=32, d=128, fp16)",
+        providers=["naive-triton", "online-triton", "sdpa-flash", "sdpa-cudnn"],
+        shapes=[Shape(1, 32, n, 128, causal) for causal in (False, True) for n in (1024, 4096, 16384)],
+        default_out="ch03_attention.json",
+    ),
+    "ch04-sweep": Suite(
+        description="Chapter 4: FlashAttention-1 against chapters 2–3 and torch, fp16, d = 64 and 128, "
+        "B·N = 16384 tokens, H·d = 2048 (FlashAttention-2 paper convention)",
+        providers=["eager", "naive-triton", "online-triton", "flash-v1-triton", "sdpa-flash", "sdpa-efficient", "sdpa-cudnn"],
+        shapes=fa2_paper_shapes((64, 128), (512, 1024, 2048, 4096, 8192, 16384), ("float16",)),
+        default_out="ch04_sweep.json",
+        notes=["batch = 16384 / N and heads = 2048 / d: the same number of tokens and the same hidden size at every N, "
+               "so B·H, the number of FlashAttention-1 programs, falls from 1024 (N = 512, d = 64) to 16 (N = 16384, d = 128)."],
+    ),
+    "ch05-fwd": Suite(
+        description="Forward pass of every attention in the tutorial and in torch, FA2 paper convention "
+        "(B·N = 16384, H·d = 2048), d ∈ {64, 128, 256}, fp16 and bf16",
+        providers=["flash-v2-triton", "flash-v2-tuned", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient",
+                   "flash-v1-triton", "naive-triton", "eager", "sdpa-math"],
+        shapes=fa2_paper_shapes((64, 128, 256), (512, 1024, 2048, 4096, 8192, 16384)),
+        default_out="ch05_fwd.json",
+        notes=["The tuned kernel is autotuned per shape before timing (tiles, warps, stages, and pointer vs "
+               "tensor-descriptor loads); its choice is recorded in each row's 'config'. The teaching kernel "
+               "runs one fixed config."],
+    ),
+    "ch06-bwd": Suite(
+        description="Backward pass (dQ, dK, dV given dO; the forward runs once, untimed), FA2 paper convention "
+        "(B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",
+        providers=["flash-attention", "sdpa-flash", "sdpa-cudnn", "sdpa-efficient", "eager"],
+        shapes=[TrainingShape(s.batch, s.heads, s.n, s.head_dim, s.causal, s.dtype, "bwd")
+                for s in fa2_paper_shapes((64, 128), (512, 1024, 2048, 4096, 8192, 16384))],
+        default_out="ch06_bwd.json",
+        notes=["TFLOP/s counts 2.5 × the forward's FLOPs (five N×N×d matmuls to the forward's two).",
+               "Our kernels are autotuned per shape before timing; the choices are in each row's 'config'."],
+    ),
+    "ch06-memory": Suite(
+        description="Peak memory and time of forward + backward vs N (B = 1, H = 16, d = 128, fp16, causal)",
+        providers=["flash-attention", "sdpa-flash", "sdpa-cudnn", "eager"],
+        shapes=[TrainingShape(1, 16, n, 128, True, "float16", "fwd+bwd") for n in (1024, 2048, 4096, 8192, 16384, 32768)],
+        default_out="ch06_memory.json",
+        notes=["peak_extra_mib: the most memory allocated during one forward + backward beyond the inputs "
+               "and dO (the gradients themselves, 3 · N · d · H · 2 bytes, are included)."],
+    ),
+}
