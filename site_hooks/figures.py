@@ -40,16 +40,26 @@ def find_markers(markdown: str) -> Iterator[Marker]:
             yield Marker(number, m["indent"], m["name"])
 
 
-def _plots():
+FIGURES_PACKAGE = "tutorial_kernels.figures"
+
+
+def _figures():
     # Imported on first use: the package imports torch and triton, which pages without figures
     # need not wait for.
-    return importlib.import_module("tutorial_kernels.figures")
+    return importlib.import_module(FIGURES_PACKAGE)
 
 
 def on_pre_build(config) -> None:
-    # `mkdocs serve` rebuilds in the same process: re-read plots.py so that edited figures show.
-    if (plots := sys.modules.get("tutorial_kernels.figures")) is not None:
-        importlib.reload(plots)
+    # `mkdocs serve` rebuilds in the same process: import the figures package afresh so that edited
+    # figures show. Its modules import names from one another, so reloading them one at a time would
+    # leave some bound to the old objects; instead every module of the package leaves sys.modules and
+    # the package is imported again, which runs each module once, in import order, and registers
+    # every figure in a new registry.
+    stale = [name for name in sys.modules if name == FIGURES_PACKAGE or name.startswith(FIGURES_PACKAGE + ".")]
+    if stale:
+        for name in stale:
+            del sys.modules[name]
+        importlib.import_module(FIGURES_PACKAGE)
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:
@@ -57,7 +67,7 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
     seen = set()
     for marker in find_markers(markdown):
         where = f"docs/{page.file.src_uri}, line {marker.line}"
-        known = _plots().FIGURES
+        known = _figures().FIGURES
         if marker.name not in known:
             raise PluginError(f"{where}: no figure named {marker.name!r}; known figures: {', '.join(sorted(known))}")
         if marker.name in seen:  # the figure's div id comes from its name, and ids must be unique
@@ -74,7 +84,7 @@ def on_page_content(html: str, page, config, files) -> str:
     def figure(m: re.Match) -> str:
         name = bytes.fromhex(m["hex"]).decode()
         try:
-            body = _plots().figure_html(name)
+            body = _figures().figure_html(name)
         except Exception as error:
             raise PluginError(f"docs/{page.file.src_uri}: drawing figure {name!r} failed: {error!r}") from error
         return f'<div class="plotly-figure">{body}</div>'

@@ -1,88 +1,34 @@
-"""The Benchmarks page's figures: every attention of the tutorial against torch's, forward and backward.
+"""The Benchmarks page's figures (docs/benchmarks.md): every attention of the tutorial against torch's.
 
-They read three data files, each written by one command of `tutorial_kernels.bench` (see
-docs/benchmarks.md), and work with whatever subset of cells and providers a file holds:
+- `bench-tflops`: TFLOP/s against N, one line per provider, four dropdowns (pass, head dimension,
+  causal, dtype) and the fp16 matmul ceiling of the same run;
+- `bench-ratios`: our best kernel as a multiple of torch's cuDNN and flash backends, cell by cell,
+  with the cells below the project's bars flagged (`tutorial_kernels.figures.ratios`).
 
-- data/ch05_fwd.json (`ch05-fwd`): forward rows;
-- data/ch06_bwd.json (`ch06-bwd`): backward rows (field "mode": "bwd"); when the file is missing, the
-  figures draw the forward pass only and say so;
-- data/ch06_memory.json (`ch06-memory`): peak memory of forward + backward; when missing, the figure
-  says so.
-
-Figures:
-
-- `bench-tflops`: TFLOP/s against N, one line per provider, four dropdowns (pass, head dimension, causal,
-  dtype) and the fp16 matmul ceiling of the same run;
-- `bench-ratios`: our best kernel as a multiple of torch's cuDNN and flash backends, cell by cell, with
-  the cells below the project's bars flagged;
-- `bench-memory`: peak memory of forward + backward against N, out-of-memory runs marked.
-
-Each function takes the data as optional arguments (a dict as read from the file; `False` for "this
-file does not exist") so that a notebook or a test can draw them from other measurements.
+They read data/ch05_fwd.json (`python -m tutorial_kernels.bench ch05-fwd`, forward rows) and
+data/ch06_bwd.json (`ch06-bwd`, backward rows, "mode": "bwd"), and work with whatever subset of cells
+and providers a file holds; when one file is missing they draw the other pass only and say so. Each
+function takes the data as optional arguments (a dict as read from the file; `False` for "this file
+does not exist") so that a notebook or a test can draw them from other measurements. The page's
+other figures belong to the chapters that show them first (`bench-memory` to chapter 6).
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import plotly.graph_objects as go
 
-from tutorial_kernels.figures import (
-    PROVIDER_COLOURS,
-    _label,
-    _layout,
-    _ok_rows,
-    _providers,
-    figure,
-    load_data,
-    provenance_line,
-)
-from tutorial_kernels.paths import data_file
-
-# The two passes: the data file, the command that writes it, and our best kernel in it.
-PASSES = {
-    "forward": dict(file="ch05_fwd", suite="ch05-fwd", ours="flash-v2-tuned"),
-    "backward": dict(file="ch06_bwd", suite="ch06-bwd", ours="flash-attention"),
-}
-
-# Our kernels first (best first), then torch's; a provider not listed goes last, in file order.
-PROVIDER_ORDER = [
-    "flash-v2-tuned", "flash-attention", "flash-v2-tuned-pointers", "flash-v2-triton", "flash-v1-triton",
-    "online-triton", "naive-triton",
-    "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-default", "sdpa-math", "eager",
-]
-TORCH_PROVIDERS = {"sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-default", "sdpa-math", "eager"}
-
-# On this page the tuned kernel and chapter 2's naive kernel both appear, and both are red in
-# PROVIDER_COLOURS: the naive kernel takes another colour here. The backward kernel plays the tuned
-# kernel's part in the backward view; it gets its colour unless plots.py gives it one.
-_PAGE_COLOURS = {"naive-triton": "#bcbd22"}
-_FALLBACK_COLOURS = {"flash-attention": "#d62728"}
-
-
-def _colour(key: str) -> str | None:
-    return _PAGE_COLOURS.get(key) or PROVIDER_COLOURS.get(key) or _FALLBACK_COLOURS.get(key)
-
-
-def _ordered(keys: list[str]) -> list[str]:
-    rank = {k: i for i, k in enumerate(PROVIDER_ORDER)}
-    return sorted(keys, key=lambda k: (rank.get(k, len(rank)), keys.index(k)))
-
-
-def _load(name: str, given):
-    """`given` if it is a dict; None for `False`; otherwise data/<name>.json, or None if it does not exist."""
-    if given is False:
-        return None
-    if given is not None:
-        return given
-    return load_data(name) if data_file(f"{name}.json").exists() else None
+from tutorial_kernels.figures.ratios import BAR_MIN_N, BARS, PASSES, below_bar, ratio_rows, ratio_table
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.rows import load_optional, ok_rows, provider_keys, provider_label, run_ceiling
+from tutorial_kernels.figures.style import TORCH_PROVIDERS, bench_colour, ordered_providers, provenance_line
 
 
 def _pass_data(fwd, bwd) -> dict[str, dict]:
     """{pass: data} for the passes that have a file; backward rows other than mode "bwd" are dropped."""
     out = {}
-    fwd, bwd = _load(PASSES["forward"]["file"], fwd), _load(PASSES["backward"]["file"], bwd)
+    fwd, bwd = load_optional(PASSES["forward"]["file"], fwd), load_optional(PASSES["backward"]["file"], bwd)
     if fwd is not None:
         out["forward"] = fwd
     if bwd is not None:
@@ -98,7 +44,7 @@ def _missing_note(passes: dict[str, dict]) -> str:
 
 
 def _provenance(passes: dict[str, dict]) -> str:
-    """Each file's provenance (plots.provenance_line), and how many earlier --append runs it holds."""
+    """Each file's provenance (`provenance_line`), and how many earlier --append runs it holds."""
     lines = []
     for p, data in passes.items():
         earlier = len(data.get("earlier_runs", []))
@@ -106,15 +52,6 @@ def _provenance(passes: dict[str, dict]) -> str:
         partial = "" if data.get("complete", True) else " · <b>partial run</b>"
         lines.append(f"<b>{p}</b>: {provenance_line(data)}{extra}{partial}")
     return "<br>".join(lines)
-
-
-def _run_ceiling(data: dict, rows: list[dict]) -> float:
-    """The fp16 matmul ceiling of the run that measured most of `rows` (rows kept by --append carry
-    the index of their run in "earlier_runs"; the newest run's rows carry none)."""
-    runs = Counter(r.get("run") for r in rows)
-    run = runs.most_common(1)[0][0] if runs else None
-    source = data if run is None else data["earlier_runs"][run]
-    return source["ceilings"]["matmul_fp16_tflops"]
 
 
 def config_text(config: dict | None) -> str:
@@ -255,8 +192,8 @@ def bench_tflops(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
         cell = dict(head_dim=d, causal=causal, dtype=dtype)
         traces[s] = []
         cell_rows = []
-        for key in _ordered(_providers(data)):
-            rows = sorted(_ok_rows(data, provider_key=key, **cell), key=lambda r: r["n"])
+        for key in ordered_providers(provider_keys(data)):
+            rows = sorted(ok_rows(data, provider_key=key, **cell), key=lambda r: r["n"])
             if not rows:
                 continue
             cell_rows += rows
@@ -265,15 +202,15 @@ def bench_tflops(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
             fig.add_trace(go.Scatter(
                 # rounded past what the hover shows: the figure is inlined in the page
                 x=[r["n"] for r in rows], y=[round(r["tflops"], 1) for r in rows], mode="lines+markers",
-                name=_label(data, key), visible=s == states[0],
-                line=dict(color=_colour(key), dash="dash" if key in TORCH_PROVIDERS else "solid"),
+                name=provider_label(data, key), visible=s == states[0],
+                line=dict(color=bench_colour(key), dash="dash" if key in TORCH_PROVIDERS else "solid"),
                 customdata=[[float(f"{r['ms']:.4g}"), round(r.get("peak_extra_mib", float("nan")), 1),
                              (" · " + config_text(r["config"])) if r.get("config") else "", _run_text(data, r)]
                             for r in rows],
                 hovertemplate="%{y:.0f} TFLOP/s · %{customdata[0]:.3f} ms · peak %{customdata[1]:,.0f} MiB"
                               "%{customdata[2]}%{customdata[3]}",
             ))
-        ceiling = _run_ceiling(data, cell_rows)
+        ceiling = run_ceiling(data, cell_rows)
         highest = max(highest, ceiling)
         traces[s].append(len(fig.data))
         fig.add_trace(go.Scatter(
@@ -287,7 +224,7 @@ def bench_tflops(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
             by_provider.setdefault(f"{r['provider']}: {r['status']}", []).append(str(r["n"]))
         items = [f"{what} at N = {', '.join(ns)}" for what, ns in by_provider.items()]
         measured = {r["provider_key"] for r in data["results"] if all(r[k] == v for k, v in cell.items())}
-        items += [f"{_label(data, k)}: not measured in this cell" for k in _ordered(_providers(data)) if k not in measured]
+        items += [f"{provider_label(data, k)}: not measured in this cell" for k in ordered_providers(provider_keys(data)) if k not in measured]
         notes_text[s] = ("not on the lines: " + _wrap(items, 140)) if items else "every measured provider ran at every N shown"
 
     # one note per state, shown with its state; then the menus, which refer to the notes by index
@@ -320,96 +257,6 @@ def bench_tflops(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
 
 # --- ratios -----------------------------------------------------------------------------------
 
-# The project's speed targets, as a multiple of the reference, our best kernel only (chapter 5 and
-# issue 8): forward at least 0.95× cuDNN at d = 64, 0.90× at d = 128 (no cuDNN target at d = 256) and
-# 1.35× torch's flash backend; backward at least 0.75× cuDNN and 1.2× torch's flash backend. As in
-# chapter 5, they apply where the GPU is full, N ≥ BAR_MIN_N.
-BARS = {
-    ("forward", "sdpa-cudnn"): {64: 0.95, 128: 0.90},
-    ("forward", "sdpa-flash"): 1.35,
-    ("backward", "sdpa-cudnn"): 0.75,
-    ("backward", "sdpa-flash"): 1.2,
-}
-BAR_MIN_N = 4096
-REFERENCES = ("sdpa-cudnn", "sdpa-flash")
-OTHERS = {"forward": ("flash-v2-triton", "flash-v1-triton"), "backward": ()}
-
-
-def bar(pass_name: str, reference: str, head_dim: int, n: int) -> float | None:
-    """The target ratio of our best kernel to `reference` in this cell, or None where there is none."""
-    target = BARS.get((pass_name, reference))
-    if isinstance(target, dict):
-        target = target.get(head_dim)
-    return target if n >= BAR_MIN_N else None
-
-
-def ratio_rows(data: dict, pass_name: str) -> list[dict]:
-    """Per measured cell (d, causal, dtype, N) where our best kernel ran: its TFLOP/s, and for it and for
-    the pass's other kernels of ours (teaching FlashAttention-2, FlashAttention-1) the ratio of TFLOP/s
-    to each reference (torch's cuDNN and flash backends), under "ratios"[(who, reference)]; the bar of
-    each of our best kernel's ratios under "bars"[reference] (None: no bar)."""
-    ours = PASSES[pass_name]["ours"]
-    by = {(r["provider_key"], r["head_dim"], r["causal"], r["dtype"], r["n"]): r["tflops"] for r in _ok_rows(data)}
-    cells = sorted({k[1:] for k in by if k[0] == ours}, key=lambda c: (c[0], c[1], c[2] != "float16", c[2], c[3]))
-    out = []
-    for d, causal, dtype, n in cells:
-        row = dict(head_dim=d, causal=causal, dtype=dtype, n=n, tflops=by[(ours, d, causal, dtype, n)], ratios={},
-                   bars={ref: bar(pass_name, ref, d, n) for ref in REFERENCES})
-        for who in (ours, *OTHERS[pass_name]):
-            for ref in REFERENCES:
-                if (who, d, causal, dtype, n) in by and (ref, d, causal, dtype, n) in by:
-                    row["ratios"][(who, ref)] = by[(who, d, causal, dtype, n)] / by[(ref, d, causal, dtype, n)]
-        out.append(row)
-    return out
-
-
-def below_bar(row: dict, ours: str) -> bool:
-    return any(b is not None and (ours, ref) in row["ratios"] and row["ratios"][(ours, ref)] < b
-               for ref, b in row["bars"].items())
-
-
-_FAIL, _PASS, _PLAIN = "#fbd5d0", "#e3f2e5", "white"
-
-
-def _ratio_table(data: dict, pass_name: str, rows: list[dict]) -> go.Table:
-    ours = PASSES[pass_name]["ours"]
-    providers = set(_providers(data))
-    who = [ours] + [k for k in OTHERS[pass_name] if k in providers]
-    short = {"sdpa-cudnn": "cuDNN", "sdpa-flash": "torch flash"}
-    name = {ours: "ours (ch. 6)" if pass_name == "backward" else "tuned (ch. 5)", "flash-v2-triton": "teaching (ch. 5)",
-            "flash-v1-triton": "FA-1 (ch. 4)"}
-    header = ["d", "causal", "dtype", "N", f"{name[ours]}<br>TFLOP/s"]
-    columns = [[r["head_dim"] for r in rows], ["yes" if r["causal"] else "no" for r in rows],
-               [r["dtype"] for r in rows], [r["n"] for r in rows], [f"{r['tflops']:.0f}" for r in rows]]
-    fills = [[_PLAIN] * len(rows) for _ in columns]
-    for w in who:
-        for ref in REFERENCES:
-            header.append(f"{name.get(w, w)}<br>× {short[ref]}")
-            text, fill = [], []
-            for r in rows:
-                value = r["ratios"].get((w, ref))
-                target = r["bars"][ref] if w == ours else None
-                if value is None:
-                    text.append("—")
-                    fill.append(_PLAIN)
-                elif target is None:
-                    text.append(f"{value:.2f}")
-                    fill.append(_PLAIN)
-                elif value < target:
-                    digits = 2 if f"{value:.2f}" != f"{target:.2f}" else 3  # 1.349 is below 1.35
-                    text.append(f"<b>{value:.{digits}f} ▼</b> (bar {target:.2f})")
-                    fill.append(_FAIL)
-                else:
-                    text.append(f"{value:.2f} ✓")
-                    fill.append(_PASS)
-            columns.append(text)
-            fills.append(fill)
-    widths = [0.6, 0.8, 1.0, 0.8, 1.0] + [1.4 if w == ours else 1.0 for w in who for _ in REFERENCES]
-    return go.Table(
-        header=dict(values=[f"<b>{h}</b>" for h in header], align="center", fill_color="#e8eaf6"),
-        cells=dict(values=columns, align="center", height=24, fill_color=fills), columnwidth=widths,
-    )
-
 
 @figure("bench-ratios")
 def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None) -> go.Figure:
@@ -429,7 +276,7 @@ def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
         failing = [r for r in rows if below_bar(r, PASSES[p]["ours"])]
         for subset, label in ((rows, f"{p}: every cell ({len(rows)})"),
                               (failing, f"{p}: below a bar ({len(failing)})")):
-            tables.append(_ratio_table(data, p, subset))
+            tables.append(ratio_table(data, p, subset))
             labels.append(label)
     fig = go.Figure(tables)
     for i, t in enumerate(fig.data):
@@ -454,59 +301,3 @@ def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
         height=min(900, top + 70 + 31 * most), margin=dict(t=top, l=10, r=10, b=10), template="plotly_white",
     )
     return fig
-
-
-# --- memory -----------------------------------------------------------------------------------
-
-
-@figure("bench-memory")
-def bench_memory(data: dict | bool | None = None) -> go.Figure:
-    """Peak memory of one forward + backward against N, one line per provider (log scales).
-
-    From data/ch06_memory.json (suite ch06-memory: B = 1, H = 16, d = 128, fp16, causal): the most memory
-    allocated during the call beyond the inputs and dO (gradients included). A run that ran out of memory
-    is marked with a cross on the GPU's memory line. Hovering also shows the time of forward + backward.
-    """
-    data = _load("ch06_memory", data)
-    if data is None:
-        fig = go.Figure()
-        fig.add_annotation(text="Not measured yet: data/ch06_memory.json is missing "
-                                "(<i>python -m tutorial_kernels.bench ch06-memory</i> writes it).",
-                           xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font=dict(size=14))
-        fig.update_xaxes(visible=False)
-        fig.update_yaxes(visible=False)
-        fig.update_layout(title="Peak memory of forward + backward vs N", template="plotly_white", height=260)
-        return fig
-    fig = go.Figure()
-    capacity = data["provenance"].get("gpu_memory_gib")
-    for key in _ordered(_providers(data)):
-        rows = sorted(_ok_rows(data, provider_key=key), key=lambda r: r["n"])
-        fig.add_trace(go.Scatter(
-            x=[r["n"] for r in rows], y=[r["peak_extra_mib"] for r in rows], mode="lines+markers",
-            name=_label(data, key), legendgroup=key,
-            line=dict(color=_colour(key), dash="dash" if key in TORCH_PROVIDERS else "solid"),
-            customdata=[[r["ms"]] for r in rows],
-            hovertemplate="N = %{x}: %{y:,.0f} MiB, %{customdata[0]:.2f} ms<extra>" + _label(data, key) + "</extra>",
-        ))
-        oom = sorted((r for r in data["results"] if r["provider_key"] == key and r["status"] != "ok"), key=lambda r: r["n"])
-        if oom and capacity:
-            fig.add_trace(go.Scatter(
-                x=[r["n"] for r in oom], y=[capacity * 1024] * len(oom), mode="markers", legendgroup=key,
-                name=f"{_label(data, key)}: {', '.join(sorted({r['status'] for r in oom}))}", showlegend=False,
-                marker=dict(symbol="x", size=13, color=_colour(key), line=dict(width=2)),
-                text=[r["status"] for r in oom],
-                hovertemplate="N = %{x}: %{text}<extra>" + _label(data, key) + "</extra>",
-            ))
-    if capacity:
-        fig.add_hline(y=capacity * 1024, line=dict(color="black", dash="dot"))
-        # placed by hand: on a log axis an annotation's y is log10 of the value
-        fig.add_annotation(text=f"GPU memory: {capacity:.0f} GiB (×: ran out of memory)", xref="paper", x=1,
-                           yref="y", y=math.log10(capacity * 1024), xanchor="right", yanchor="top",
-                           showarrow=False, font=dict(size=11))
-    lengths = sorted({r["n"] for r in data["results"]})
-    r0 = data["results"][0]
-    fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_yaxes(title="peak extra memory of forward + backward (MiB)", type="log")
-    fig.update_layout(height=560, margin=dict(b=140), hovermode="closest")
-    return _layout(fig, data, f"Memory of one forward + backward vs N (B = {r0['batch']}, H = {r0['heads']}, "
-                              f"d = {r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ''})")

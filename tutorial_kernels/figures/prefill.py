@@ -1,7 +1,7 @@
-"""Figures of the LLM prefill study (data/prefill.json, written by `python -m tutorial_kernels.integrations.prefill`).
-
-Registered in `tutorial_kernels.figures`' figure registry when plots.py imports this module; the page
-docs/llm-prefill.md places them with `<!-- figure: NAME -->` markers.
+"""The LLM prefill page's figures (docs/llm-prefill.md), from data/prefill.json (written by
+`python -m tutorial_kernels.integrations.prefill`), data/launch_overhead.json and
+data/prefill_attention_in_model.json: speedup over eager, latency against prompt length, ours against
+sdpa with its interval, one attention call's cost, and one layer's attention inside the model.
 """
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tutorial_kernels.figures import PROVIDER_COLOURS, _layout, figure, load_data
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.rows import load_data
+from tutorial_kernels.figures.style import HEADER_FILL, PROVIDER_COLOURS, measured_layout
 from tutorial_kernels.integrations.prefill import compare_with_sdpa
 
 # the colours the benchmark pages use for the same kernels
@@ -83,7 +85,7 @@ def prefill_speedup(data: dict | None = None) -> go.Figure:
         fig.add_annotation(text=gaps, xref="paper", yref="paper", x=0, y=-0.28, showarrow=False,
                            font=dict(size=11), xanchor="left")
     fig.update_layout(barmode="group", height=540)
-    fig = _layout(fig, data, "Prefill speedup over eager attention, batch 1, bfloat16 (grouped like the ROCm blog's)")
+    fig = measured_layout(fig, data, "Prefill speedup over eager attention, batch 1, bfloat16 (grouped like the ROCm blog's)")
     fig.update_layout(hovermode="closest", legend=dict(y=-0.1, title_text="prompt length N:"),
                       margin=dict(t=140, b=150))
     return fig
@@ -130,7 +132,7 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
     fig.update_yaxes(type="log", dtick="D2")  # 1, 2, 5 per decade: the default labels every digit
     fig.update_yaxes(title="prefill latency, one forward (ms)", col=1)
     fig.update_layout(height=540)
-    fig = _layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights")
+    fig = measured_layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights")
     fig.update_layout(hovermode="closest", legend=dict(y=-0.24), margin=dict(t=140, b=130))
     return fig
 
@@ -167,10 +169,10 @@ def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
             fill.append(colour if n >= SDPA_BAR_MIN_N else "white")
         cells.append(column)
         colours.append(fill)
-    fig = go.Figure(go.Table(header=dict(values=header, align="left", fill_color="#e8eaf6"),
+    fig = go.Figure(go.Table(header=dict(values=header, align="left", fill_color=HEADER_FILL),
                              cells=dict(values=cells, fill_color=colours, align="left", height=64)))
     fig.update_layout(height=420)
-    _layout(fig, data, "Prefill latency, ours / sdpa, by pairs of turns: median ratio [95 % interval]<br>"
+    measured_layout(fig, data, "Prefill latency, ours / sdpa, by pairs of turns: median ratio [95 % interval]<br>"
             f"bar: not slower from N = {SDPA_BAR_MIN_N} (shaded cells)")
     fig.update_layout(margin=dict(t=150, l=10, r=10, b=10))
     return fig
@@ -192,11 +194,11 @@ def prefill_launch_cost(data: dict | None = None) -> go.Figure:
              *[[f"{gpu[(m, i, n)] * 1e3:.0f}" if (m, i, n) in gpu else "—" for m, i in keys] for n in lengths]]
     fig = go.Figure(go.Table(
         header=dict(values=["<b>attention shape of</b>", "<b>implementation</b>", "<b>CPU µs per call (N = 16)</b>",
-                            *[f"<b>GPU µs, N = {n}</b>" for n in lengths]], align="left", fill_color="#e8eaf6"),
+                            *[f"<b>GPU µs, N = {n}</b>" for n in lengths]], align="left", fill_color=HEADER_FILL),
         cells=dict(values=cells, align="left", height=30), columnwidth=[2.4, 2.2, 1.4, 1.2, 1.2, 1.2][: len(cells)],
     ))
     fig.update_layout(height=200 + 42 * len(keys))  # header and labels may wrap to two lines
-    _layout(fig, data, "One layer's attention call as the model makes it, bfloat16, causal, batch 1")
+    measured_layout(fig, data, "One layer's attention call as the model makes it, bfloat16, causal, batch 1")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig
 
@@ -218,10 +220,10 @@ def prefill_attention_in_model(data: dict | None = None) -> go.Figure:
     fig = go.Figure(go.Table(
         header=dict(values=["<b>N</b>", "<b>attention</b>", "<b>µs per call alone (L2 warm)</b>",
                             "<b>µs per call in the model</b>", "<b>forward ms (median)</b>", "<b>forward / sdpa</b>"],
-                    align="left", fill_color="#e8eaf6"),
+                    align="left", fill_color=HEADER_FILL),
         cells=dict(values=cells, align="left", height=26), columnwidth=[0.7, 3.2, 1.4, 1.4, 1.3, 1.2],
     ))
     fig.update_layout(height=200 + 36 * len(rows))  # labels may wrap to two lines
-    _layout(fig, data, "Mistral-7B prefill: one layer's attention alone and inside the forward pass")
+    measured_layout(fig, data, "Mistral-7B prefill: one layer's attention alone and inside the forward pass")
     fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
     return fig

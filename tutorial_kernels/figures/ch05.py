@@ -1,0 +1,238 @@
+"""Chapter 5's figures (docs/chapters/05-flash-v2.md): FlashAttention-2 and its tuning.
+
+Forward TFLOP/s per cell (data/ch05_fwd.json; `tflops_by_cell`, which chapter 6 reuses) and the
+ratio table against torch's backends, the FA-1 / FA-2 timeline, HBM traffic, and the probes: Hopper
+schedules, head dimensions 80 and 96, the Hopper kernel and the prefill attention shape (the last
+two are on the Benchmarks page too).
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tutorial_kernels.figures.ch04 import hbm_vs_n
+from tutorial_kernels.figures.ratios import chapter_ratio_table
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.rows import load_data, ok_rows, provider_keys, provider_label, run_ceiling
+from tutorial_kernels.figures.style import PROVIDER_COLOURS, measured_layout
+from tutorial_kernels.figures.timelines import stacked_timelines
+
+TEACHING_KERNELS = {"flash-v2-triton"}  # drawn dotted next to their tuned versions
+
+
+def tflops_by_cell(data: dict, title: str) -> go.Figure:
+    """TFLOP/s vs N, one panel per (head_dim, causal), one button per dtype, with the matmul ceiling."""
+    head_dims = sorted({r["head_dim"] for r in data["results"]})
+    dtypes = sorted({r["dtype"] for r in data["results"]})
+    panels = [(d, c) for d in head_dims for c in (False, True)]
+    fig = make_subplots(rows=len(head_dims), cols=2, shared_yaxes=True, vertical_spacing=0.3 / len(head_dims),
+                        subplot_titles=[f"d = {d}, {'causal' if c else 'not causal'}" for d, c in panels])
+    trace_dtypes = []
+    for dtype in dtypes:
+        for i, (d, causal) in enumerate(panels):
+            for key in provider_keys(data):
+                rows = ok_rows(data, provider_key=key, head_dim=d, causal=causal, dtype=dtype)
+                fig.add_trace(go.Scatter(
+                    x=[r["n"] for r in rows], y=[r["tflops"] for r in rows], mode="lines+markers",
+                    name=provider_label(data, key), legendgroup=key, showlegend=i == 0, visible=dtype == dtypes[0],
+                    line=dict(color=PROVIDER_COLOURS.get(key), dash="dot" if key in TEACHING_KERNELS else "solid"),
+                    hovertemplate="N = %{x}: %{y:.0f} TFLOP/s<extra>" + provider_label(data, key) + "</extra>",
+                ), row=i // 2 + 1, col=i % 2 + 1)
+                trace_dtypes.append(dtype)
+    lengths = sorted({r["n"] for r in data["results"]})
+    for dtype in dtypes:  # the ceiling of the run that measured this dtype (a file may hold several runs)
+        ceiling = run_ceiling(data, [r for r in data["results"] if r["dtype"] == dtype])
+        for i in range(len(panels)):
+            fig.add_trace(go.Scatter(
+                x=[lengths[0], lengths[-1]], y=[ceiling, ceiling], mode="lines", line=dict(color="black", dash="dot"),
+                name=f"fp16 matmul, same run: {ceiling:.0f}", legendgroup="ceiling", showlegend=i == 0,
+                visible=dtype == dtypes[0], hovertemplate=f"fp16 matmul ceiling: {ceiling:.0f} TFLOP/s<extra></extra>",
+            ), row=i // 2 + 1, col=i % 2 + 1)
+            trace_dtypes.append(dtype)
+    fig.update_layout(updatemenus=[dict(
+        type="buttons", direction="right", x=1, y=1.0 + 0.5 / len(head_dims), xanchor="right",
+        buttons=[dict(label=dt, method="update", args=[{"visible": [t == dt for t in trace_dtypes]}]) for dt in dtypes],
+    )], height=380 * len(head_dims) + 200, hovermode="closest", margin=dict(t=170, b=140))
+    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths], title="sequence length N")
+    fig.update_yaxes(title="TFLOP/s", rangemode="tozero", col=1)
+    return measured_layout(fig, data, title)
+
+
+@figure("ch05-tflops")
+def fa2_tflops(data: dict | None = None) -> go.Figure:
+    return tflops_by_cell(data or load_data("ch05_fwd"), "Forward TFLOP/s vs N (B·N = 16384, H·d = 2048)")
+
+
+@figure("ch05-ratio-table")
+def fa2_ratio_table(data: dict | None = None) -> go.Figure:
+    """The tuned forward against cuDNN and torch flash (and the teaching kernel and FlashAttention-1 against
+    them), N ≥ 4096, each cell flagged against its bar."""
+    return chapter_ratio_table(data or load_data("ch05_fwd"), "forward",
+                                "Forward: our kernels as multiples of torch's cuDNN and flash backends, N ≥ 4096")
+
+
+@figure("ch05-timeline")
+def ch05_timeline(data: dict | None = None) -> go.Figure:
+    """Chapter 1's timeline at B·H = 8: FlashAttention-1's programs (one per head) against
+    FlashAttention-2's (one per query tile of each head), each on its own time axis."""
+    from tutorial_kernels.recorder import Timeline
+
+    data = data or load_data("ch05_timeline")
+    runs = [Timeline.from_dict(r) for r in data["timelines"]]
+    titles = [f"{run.label}: {run.n_programs} programs on {len(set(run.sm))} of {run.sm_count} SMs, "
+              f"{(max(run.end_ns) - min(run.start_ns)) / 1e3:,.0f} µs" for run in runs]
+    m = data["timelines"][0]["meta"]
+    return stacked_timelines(data, titles, f"The same attention (B = {m['batch']}, H = {m['heads']}, N = {m['n']}, "
+                                            f"d = {m['head_dim']}, {m['dtype']}) as FlashAttention-1 and "
+                                            "FlashAttention-2 launch it")
+
+
+@figure("ch05-hbm-vs-n")
+def ch05_hbm_vs_n(data: dict | None = None) -> go.Figure:
+    """Naive attention, FlashAttention-1 and FlashAttention-2 (teaching tiles): measured and modelled bytes."""
+    return hbm_vs_n(data or load_data("ch04_hbm_bytes"),
+                     [("by-n", "naive", False, "naive, 3 kernels (ch. 2)"),
+                      ("by-n", "flash-v1", False, "FlashAttention-1"),
+                      ("fa2-by-n", "flash-v2", False, "FlashAttention-2"),
+                      ("fa2-by-n", "flash-v2", True, "FlashAttention-2, causal")],
+                     "HBM traffic of one forward: naive, FlashAttention-1 and FlashAttention-2 (fp16, Nsight Compute)")
+
+
+PROBE_VARIANTS = [  # (warp_specialize, lazy_rescale) → label and colour in the schedule probe
+    ((False, False), "plain (best forced configuration)", "#ff7f0e"),
+    ((True, False), "+ warp specialisation", "#17becf"),
+    ((False, True), "+ lazy rescale (threshold 8)", "#bcbd22"),
+    ((True, True), "+ both", "#7f7f7f"),
+]
+
+
+def _probe_cells(rows: list[dict]) -> tuple[list[tuple], list[str]]:
+    """A probe's cells, (head_dim, causal, n) in order, and their axis labels."""
+    cells = sorted({(r["head_dim"], r["causal"], r["n"]) for r in rows})
+    return cells, [f"d={d}, {'causal' if c else 'full'}, N={n}" for d, c, n in cells]
+
+
+@figure("ch05-schedule-probe")
+def schedule_probe(data: dict | None = None) -> go.Figure:
+    """Two Hopper schedules tried on the forward kernel, each cell's best forced configuration per
+    variant against cuDNN and torch flash measured in the same run (data/ch05_schedule_probe.json)."""
+    data = data or load_data("ch05_schedule_probe")
+    rows = data["results"]
+    cells, names = _probe_cells(rows)
+    fig = go.Figure()
+    for key in ("sdpa-cudnn", "sdpa-flash"):
+        picked = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["variant"] == key and r["status"] == "ok"}
+        fig.add_trace(go.Bar(x=names, y=[picked[c]["tflops"] if c in picked else None for c in cells],
+                             name=picked[cells[0]]["provider"], marker_color=PROVIDER_COLOURS[key],
+                             hovertemplate="%{x}: %{y:.0f} TFLOP/s<extra>%{fullData.name}</extra>"))
+    for (ws, lazy), label, colour in PROBE_VARIANTS:
+        best, configs = [], []
+        for cell in cells:
+            forced = [r for r in rows if r["variant"] == "forced" and r["status"] == "ok"
+                      and (r["head_dim"], r["causal"], r["n"]) == cell
+                      and r["warp_specialize"] == ws and r["lazy_rescale"] == lazy]
+            top = max(forced, key=lambda r: r["tflops"], default=None)
+            best.append(top["tflops"] if top else None)
+            configs.append(top["provider"] if top else "none compiled")
+        fig.add_trace(go.Bar(x=names, y=best, name=label, marker_color=colour, customdata=configs,
+                             hovertemplate="%{x}: %{y:.0f} TFLOP/s<br>%{customdata}<extra>" + label + "</extra>"))
+    fig.update_yaxes(title="TFLOP/s (float16, forward)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=600, margin=dict(b=170, t=150))
+    measured_layout(fig, data, "Warp specialisation and lazy rescaling, tried: each variant's best of up to 6 forced "
+                       "configurations<br>(each timed once, in turn, before the harness took turns between providers)")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
+    return fig
+
+
+SPLIT_PROBE_COLOURS = {  # provider label in data/ch05_head_dim_split.json → bar colour
+    "torch SDPA: cuDNN": PROVIDER_COLOURS["sdpa-cudnn"],
+    "tuned, two blocks when they save columns": "#ff7f0e",
+    "tuned, one padded block": "#c7c7c7",
+    "torch SDPA: flash": PROVIDER_COLOURS["sdpa-flash"],
+}
+
+
+def _probe_bars(data: dict, colours: dict[str, str], title: str, bottom: int, legend_y: float) -> go.Figure:
+    """A probe's TFLOP/s as grouped bars per cell, one trace per provider label in `colours`, each bar's
+    ratio to cuDNN (measured in the same run) on hover."""
+    from tutorial_kernels.bench import PROVIDERS
+
+    rows = [r for r in data["results"] if r["status"] == "ok"]
+    cells, names = _probe_cells(rows)
+    cudnn = {(r["head_dim"], r["causal"], r["n"]): r["tflops"] for r in rows
+             if r["provider"] == PROVIDERS["sdpa-cudnn"].label}
+    fig = go.Figure()
+    for label, colour in colours.items():
+        by_cell = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["provider"] == label}
+        fig.add_trace(go.Bar(
+            x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
+            customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
+            hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
+    fig.update_yaxes(title="TFLOP/s (bfloat16, forward)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=560, margin=dict(b=bottom, t=150))
+    measured_layout(fig, data, title)
+    fig.update_layout(hovermode="closest", legend=dict(y=legend_y))
+    return fig
+
+
+@figure("ch05-head-dim-split")
+def head_dim_split(data: dict | None = None) -> go.Figure:
+    """Head dimensions 80 and 96 as two column blocks against one block padded to 128, with cuDNN and
+    torch flash in the same run; d = 128 (one block either way) as the control
+    (data/ch05_head_dim_split.json, tools/probe_head_dim_split.py)."""
+    return _probe_bars(data or load_data("ch05_head_dim_split"), SPLIT_PROBE_COLOURS,
+                       "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128",
+                       bottom=150, legend_y=-0.3)
+
+
+HOPPER_PROBE_COLOURS = {  # provider key in tutorial_kernels.bench → bar colour in the Hopper probe's figure
+    "sdpa-cudnn": PROVIDER_COLOURS["sdpa-cudnn"],
+    "flash-v2-hopper": "#d62728",
+    "flash-v2-tuned": "#ff7f0e",
+    "sdpa-flash": PROVIDER_COLOURS["sdpa-flash"],
+}
+
+
+@figure("ch05-hopper")
+def hopper_schedule(data: dict | None = None) -> go.Figure:
+    """Chapter 5's Hopper kernel (FA3's schedule in Gluon) against cuDNN, torch flash and the tuned
+    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, tools/probe_hopper_schedule.py)."""
+    from tutorial_kernels.bench import PROVIDERS
+
+    return _probe_bars(data or load_data("ch05_hopper"),
+                       {PROVIDERS[key].label: colour for key, colour in HOPPER_PROBE_COLOURS.items()},
+                       "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel",
+                       bottom=170, legend_y=-0.32)
+
+
+PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.json → bar colour
+    "Hopper kernel (ch. 5), as launched": "#d62728",
+    "Hopper kernel, forced persistent": "#ff9896",
+    "Hopper kernel, forced one program per item": "#8c564b",
+    "FlashAttention-2 tuned, Triton (ch. 5)": "#ff7f0e",
+    "torch SDPA, as transformers calls it": PROVIDER_COLOURS["sdpa-cudnn"],
+}
+
+
+@figure("ch05-hopper-prefill-shape")
+def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
+    """Speed relative to cuDNN at the prefill models' attention shape (1 × 32 query heads, 8 key/value
+    heads, d = 128, causal, bfloat16), GPU time through CUDA graphs, one group of bars per length
+    (data/ch05_hopper_prefill_shape.json, tools/probe_hopper_prefill_shape.py)."""
+    data = data or load_data("ch05_hopper_prefill_shape")
+    lengths = sorted({r["n"] for r in data["results"]})
+    fig = go.Figure()
+    for label, colour in PREFILL_SHAPE_COLOURS.items():
+        by_n = {r["n"]: r for r in data["results"] if r["provider"] == label}
+        fig.add_trace(go.Bar(
+            x=[f"N = {n}" for n in lengths], y=[by_n[n]["speed_vs_cudnn"] if n in by_n else None for n in lengths],
+            customdata=[by_n[n]["ms"] * 1e3 if n in by_n else None for n in lengths], name=label,
+            marker_color=colour, hovertemplate="%{x}: %{y:.3f}× cuDNN, %{customdata:.1f} µs<extra>" + label + "</extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color=PROVIDER_COLOURS["sdpa-cudnn"],
+                  annotation_text="cuDNN", annotation_position="top left")
+    fig.update_yaxes(title="speed relative to cuDNN (its time / ours)", rangemode="tozero")
+    fig.update_layout(barmode="group", height=540, margin=dict(b=170, t=150))
+    measured_layout(fig, data, "Prefill attention shape (32 query heads, 8 key/value heads, d = 128, causal) on an H100")
+    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
+    return fig

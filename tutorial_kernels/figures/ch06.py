@@ -1,0 +1,118 @@
+"""Chapter 6's figures (docs/chapters/06-backward.md): the backward pass.
+
+Backward TFLOP/s per cell (data/ch06_bwd.json) and the ratio table against torch's backends, the
+training curves of the small GPT (data/ch06_training.json), and the peak memory of forward +
+backward (data/ch06_memory.json; on the Benchmarks page too).
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tutorial_kernels.figures.ch05 import tflops_by_cell
+from tutorial_kernels.figures.ratios import chapter_ratio_table
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.rows import load_data, load_optional, ok_rows, provider_keys, provider_label
+from tutorial_kernels.figures.style import (
+    PROVIDER_COLOURS,
+    TORCH_PROVIDERS,
+    bench_colour,
+    measured_layout,
+    ordered_providers,
+)
+
+
+@figure("ch06-bwd-tflops")
+def backward_tflops(data: dict | None = None) -> go.Figure:
+    return tflops_by_cell(data or load_data("ch06_bwd"), "Backward TFLOP/s vs N (B·N = 16384, H·d = 2048)")
+
+
+@figure("ch06-ratio-table")
+def backward_ratio_table(data: dict | None = None) -> go.Figure:
+    """Chapter 6's backward against cuDNN's and torch flash's, N ≥ 4096, flagged against the bars."""
+    return chapter_ratio_table(data or load_data("ch06_bwd"), "backward",
+                                "Backward (dQ, dK, dV) as a multiple of torch's cuDNN and flash backends, N ≥ 4096")
+
+
+@figure("ch06-training")
+def training_curves(data: dict | None = None, window: int = 20) -> go.Figure:
+    """Loss per step (moving average over `window` steps) of the GPT trained with each attention and
+    seed, and each run's median step time."""
+    data = data or load_data("ch06_training")
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.72, 0.28], horizontal_spacing=0.1,
+                        subplot_titles=[f"training loss (mean of {window} steps)", "median step time"])
+    colours = {"torch": PROVIDER_COLOURS.get("sdpa-flash", "#1f77b4"), "tutorial": PROVIDER_COLOURS.get("flash-v2-tuned", "#d62728")}
+    names = {"torch": "F.scaled_dot_product_attention", "tutorial": "this tutorial's flash_attention"}
+    for run in data["runs"]:
+        losses = run["losses"]
+        smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1]) for i in range(len(losses))]
+        label = f"{names[run['attention']]}, seed {run['seed']}"
+        fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=smooth, mode="lines", name=label,
+                                 line=dict(color=colours[run["attention"]], dash="solid" if run["seed"] == 0 else "dot"),
+                                 hovertemplate="step %{x}: %{y:.3f}<extra>" + label + "</extra>"), row=1, col=1)
+        fig.add_trace(go.Bar(x=[f"{run['attention']} s{run['seed']}"], y=[run["median_step_ms"]], showlegend=False,
+                             marker_color=colours[run["attention"]], hovertemplate="%{y:.1f} ms<extra>" + label + "</extra>"),
+                      row=1, col=2)
+    c = data["config"]
+    fig.update_xaxes(title="step", row=1, col=1)
+    fig.update_yaxes(title="cross-entropy (nats per character)", row=1, col=1)
+    fig.update_yaxes(title="ms per step", rangemode="tozero", row=1, col=2)
+    fig.update_layout(height=520, hovermode="closest", margin=dict(t=150, b=150))
+    return measured_layout(fig, data, f"A {c['n_layer']}-layer GPT ({c['n_head']} heads of {c['n_embd'] // c['n_head']}, "
+                              f"context {c['block_size']}, batch {c['batch_size']}, bf16 autocast)")
+
+
+@figure("bench-memory")
+def bench_memory(data: dict | bool | None = None) -> go.Figure:
+    """Peak memory of one forward + backward against N, one line per provider (log scales).
+
+    From data/ch06_memory.json (suite ch06-memory: B = 1, H = 16, d = 128, fp16, causal): the most memory
+    allocated during the call beyond the inputs and dO (gradients included). A run that ran out of memory
+    is marked with a cross on the GPU's memory line. Hovering also shows the time of forward + backward.
+    """
+    data = load_optional("ch06_memory", data)
+    if data is None:
+        fig = go.Figure()
+        fig.add_annotation(text="Not measured yet: data/ch06_memory.json is missing "
+                                "(<i>python -m tutorial_kernels.bench ch06-memory</i> writes it).",
+                           xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font=dict(size=14))
+        fig.update_xaxes(visible=False)
+        fig.update_yaxes(visible=False)
+        fig.update_layout(title="Peak memory of forward + backward vs N", template="plotly_white", height=260)
+        return fig
+    fig = go.Figure()
+    capacity = data["provenance"].get("gpu_memory_gib")
+    for key in ordered_providers(provider_keys(data)):
+        rows = sorted(ok_rows(data, provider_key=key), key=lambda r: r["n"])
+        fig.add_trace(go.Scatter(
+            x=[r["n"] for r in rows], y=[r["peak_extra_mib"] for r in rows], mode="lines+markers",
+            name=provider_label(data, key), legendgroup=key,
+            line=dict(color=bench_colour(key), dash="dash" if key in TORCH_PROVIDERS else "solid"),
+            customdata=[[r["ms"]] for r in rows],
+            hovertemplate="N = %{x}: %{y:,.0f} MiB, %{customdata[0]:.2f} ms<extra>" + provider_label(data, key) + "</extra>",
+        ))
+        oom = sorted((r for r in data["results"] if r["provider_key"] == key and r["status"] != "ok"), key=lambda r: r["n"])
+        if oom and capacity:
+            fig.add_trace(go.Scatter(
+                x=[r["n"] for r in oom], y=[capacity * 1024] * len(oom), mode="markers", legendgroup=key,
+                name=f"{provider_label(data, key)}: {', '.join(sorted({r['status'] for r in oom}))}", showlegend=False,
+                marker=dict(symbol="x", size=13, color=bench_colour(key), line=dict(width=2)),
+                text=[r["status"] for r in oom],
+                hovertemplate="N = %{x}: %{text}<extra>" + provider_label(data, key) + "</extra>",
+            ))
+    if capacity:
+        fig.add_hline(y=capacity * 1024, line=dict(color="black", dash="dot"))
+        # placed by hand: on a log axis an annotation's y is log10 of the value
+        fig.add_annotation(text=f"GPU memory: {capacity:.0f} GiB (×: ran out of memory)", xref="paper", x=1,
+                           yref="y", y=math.log10(capacity * 1024), xanchor="right", yanchor="top",
+                           showarrow=False, font=dict(size=11))
+    lengths = sorted({r["n"] for r in data["results"]})
+    r0 = data["results"][0]
+    fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
+    fig.update_yaxes(title="peak extra memory of forward + backward (MiB)", type="log")
+    fig.update_layout(height=560, margin=dict(b=140), hovermode="closest")
+    return measured_layout(fig, data, f"Memory of one forward + backward vs N (B = {r0['batch']}, H = {r0['heads']}, "
+                              f"d = {r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ''})")

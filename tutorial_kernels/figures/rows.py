@@ -1,0 +1,52 @@
+"""Reading measurements: the committed data files of `data/` and the rows in them.
+
+A benchmark file (written by `tutorial_kernels.bench`) holds "results" rows, one per provider and
+shape, each with a "status" ("ok" or why there is no number), a "provider_key" and its readable
+"provider"; "provenance" says where and how it was measured. The data folder is
+`tutorial_kernels.paths.data_dir()`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+from tutorial_kernels.paths import data_file
+
+
+def load_data(name: str) -> dict:
+    """A committed benchmark file, e.g. `load_data("ch02_sweep")` reads data/ch02_sweep.json."""
+    return json.loads(data_file(f"{name}.json").read_text())
+
+
+def load_optional(name: str, given):
+    """`given` if it is a dict; None for `False`; otherwise data/<name>.json, or None if it does not exist."""
+    if given is False:
+        return None
+    if given is not None:
+        return given
+    return load_data(name) if data_file(f"{name}.json").exists() else None
+
+
+def ok_rows(data: dict, **match) -> list[dict]:
+    """The measured rows (status "ok") whose fields equal `match`, e.g. `ok_rows(data, provider_key="eager")`."""
+    return [r for r in data["results"] if r["status"] == "ok" and all(r[k] == v for k, v in match.items())]
+
+
+def provider_keys(data: dict) -> list[str]:
+    """The file's provider keys, in the order of their first row."""
+    return list(dict.fromkeys(r["provider_key"] for r in data["results"]))
+
+
+def provider_label(data: dict, key: str) -> str:
+    """Provider `key`'s readable name, as the file records it."""
+    return next(r["provider"] for r in data["results"] if r["provider_key"] == key)
+
+
+def run_ceiling(data: dict, rows: list[dict]) -> float:
+    """The fp16 matmul ceiling of the run that measured most of `rows` (rows kept by --append carry
+    the index of their run in "earlier_runs"; the newest run's rows carry none)."""
+    runs = Counter(r.get("run") for r in rows)
+    run = runs.most_common(1)[0][0] if runs else None
+    source = data if run is None else data["earlier_runs"][run]
+    return source["ceilings"]["matmul_fp16_tflops"]
