@@ -180,7 +180,7 @@ def _probe_bars(data: dict, colours: dict[str, str], title: str, bottom: int, le
 def head_dim_split(data: dict | None = None) -> go.Figure:
     """Head dimensions 80 and 96 as two column blocks against one block padded to 128, with cuDNN and
     torch flash in the same run; d = 128 (one block either way) as the control
-    (data/ch05_head_dim_split.json, tools/probe_head_dim_split.py)."""
+    (data/ch05_head_dim_split.json, experiments/2026-11-22_head_dim_split/probe_head_dim_split.py)."""
     return _probe_bars(data or load_data("ch05_head_dim_split"), SPLIT_PROBE_COLOURS,
                        "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128",
                        bottom=150, legend_y=-0.3)
@@ -197,7 +197,7 @@ HOPPER_PROBE_COLOURS = {  # provider key in tutorial_kernels.bench → bar colou
 @figure("ch05-hopper")
 def hopper_schedule(data: dict | None = None) -> go.Figure:
     """Chapter 5's Hopper kernel (FA3's schedule in Gluon) against cuDNN, torch flash and the tuned
-    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, tools/probe_hopper_schedule.py)."""
+    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, experiments/2026-11-22_hopper_schedule/probe_hopper_schedule.py)."""
     from tutorial_kernels.bench import PROVIDERS
 
     return _probe_bars(data or load_data("ch05_hopper"),
@@ -219,7 +219,7 @@ PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.js
 def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
     """Speed relative to cuDNN at the prefill models' attention shape (1 × 32 query heads, 8 key/value
     heads, d = 128, causal, bfloat16), GPU time through CUDA graphs, one group of bars per length
-    (data/ch05_hopper_prefill_shape.json, tools/probe_hopper_prefill_shape.py)."""
+    (data/ch05_hopper_prefill_shape.json, experiments/2026-11-22_hopper_schedule/probe_hopper_prefill_shape.py)."""
     data = data or load_data("ch05_hopper_prefill_shape")
     lengths = sorted({r["n"] for r in data["results"]})
     fig = go.Figure()
