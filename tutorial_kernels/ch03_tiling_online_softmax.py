@@ -91,7 +91,7 @@ def _matmul_descriptor_kernel(
     stride_am, stride_bk, stride_cm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
-    """C = A B through tensor descriptors, the successor of the seed's block pointers.
+    """C = A B through tensor descriptors, the successor of block pointers (`tl.make_block_ptr`).
 
     A descriptor knows the whole matrix (shape, strides) and the tile shape; `desc.load([row, col])`
     fetches the tile at that offset and fills whatever lies outside the matrix with zeros, so no
