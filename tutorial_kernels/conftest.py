@@ -2,18 +2,62 @@
 
 Importing the package first lets it switch the interpreter on (when there is no GPU) before any
 kernel is decorated; the header line says which mode this run uses.
+
+What needs a GPU is chosen at collection time, not skipped at run time: without a GPU, tests marked
+`@pytest.mark.gpu("kind")` are deselected, and bfloat16 cases are not generated at all (`testing.KERNEL_DTYPES`:
+Triton's interpreter computes bfloat16 wrongly without an error). One line at the end of the run
+says how many tests that left out, and of which kinds.
 """
 
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
 import torch
 import triton
 
 import tutorial_kernels  # noqa: F401  (chooses the execution mode)
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.testing import ON_GPU
+
+_NOT_COLLECTED = pytest.StashKey[Counter]()
 
 
 def pytest_report_header(config):
     if interpreter_active():
-        mode = "Triton interpreter on the CPU (small shapes; bfloat16 cases skip)"
+        mode = "Triton interpreter on the CPU (small shapes; bfloat16 and GPU-only tests are not collected)"
     else:
         mode = f"native on {torch.cuda.get_device_name()}"
     return f"tutorial_kernels: {mode}; torch {torch.__version__}, triton {triton.__version__}"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Without a GPU, deselect the tests marked `gpu` (the marker's argument names their kind)."""
+    if ON_GPU:
+        return
+    kept, gpu_only = [], []
+    for item in items:
+        (gpu_only if item.get_closest_marker("gpu") is not None else kept).append(item)
+    if not gpu_only:
+        return
+    kinds = Counter()
+    for item in gpu_only:
+        args = item.get_closest_marker("gpu").args
+        kinds[args[0] if args else "other"] += 1
+    config.stash[_NOT_COLLECTED] = kinds
+    config.hook.pytest_deselected(items=gpu_only)
+    items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if ON_GPU:
+        return
+    kinds = config.stash.get(_NOT_COLLECTED, Counter())
+    parts = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
+    terminalreporter.write_line(
+        f"tutorial_kernels: {sum(kinds.values())} tests need a CUDA GPU and were not collected here"
+        + (f" ({parts})" if parts else "")
+        + "; nor were bfloat16 cases, which Triton's interpreter computes wrongly without an error "
+        "(triton-lang/triton#4972)"
+    )

@@ -120,7 +120,10 @@ def test_triton_sum_rejects_bad_input():
 
 # --- the CUDA C reduction (GPU only) ------------------------------------------------------------
 
-needs_cuda_extension = pytest.mark.skipif(CUDA_REASON is not None, reason=str(CUDA_REASON))
+def needs_cuda_extension(test):
+    """Not collected without a GPU; on a GPU, skipped with the reason when nvcc or ninja is missing."""
+    test = pytest.mark.skipif(CUDA_REASON is not None, reason=str(CUDA_REASON))(test)
+    return pytest.mark.gpu("the CUDA C reduction")(test)
 
 
 @needs_cuda_extension
@@ -251,7 +254,8 @@ def test_recorded_h100_trace_is_complete():
 
 # --- on the GPU: where programs really run -----------------------------------------------------------
 
-needs_timeline = pytest.mark.skipif(recorder.unavailable_reason() is not None, reason=str(recorder.unavailable_reason()))
+# recording reads %smid and %globaltimer with inline PTX: a GPU only (`recorder.unavailable_reason`)
+needs_timeline = pytest.mark.gpu("timelines")
 
 
 @needs_timeline

@@ -1,4 +1,8 @@
-"""Chapter 2: the eager PyTorch attention and the three-kernel naive Triton schedule."""
+"""Chapter 2: the eager PyTorch attention and the three-kernel naive Triton schedule.
+
+The output of `naive_attention` and `eager_attention` on every shape, dtype, layout and bad input is
+checked by `test_conformance.py` (both are in `implementations.IMPLEMENTATIONS`); here, each of the
+three stages alone, and the eager function against PyTorch's fused SDPA as the ROCm blog checks it."""
 
 import math
 
@@ -10,7 +14,6 @@ from tutorial_kernels.ch02_naive_attention import (
     SOFTMAX_BLOCK,
     attention_scores,
     eager_attention,
-    naive_attention,
     probs_times_values,
     row_softmax,
 )
@@ -21,36 +24,10 @@ from tutorial_kernels.reference import (
     relative_error,
 )
 from tutorial_kernels.runtime import default_device
-from tutorial_kernels.testing import (
-    KERNEL_DTYPES,
-    ON_GPU,
-    assert_close,
-    attention_cases,
-    check_attention,
-    fresh_seed,
-    poisoned,
-    random_qkv,
-    tolerance,
-)
-
-CASES = attention_cases()
+from tutorial_kernels.testing import ON_GPU, assert_close, fresh_seed, poisoned, random_qkv, tolerance
 
 
-@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_naive_attention_matches_reference(case, causal, dtype):
-    check_attention(naive_attention, case, causal, dtype)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_naive_attention_honours_strides_and_scale(causal):
-    # (B, N, H, d) storage viewed as (B, H, N, d), as Hugging Face passes it; a non-default scale
-    x = random_qkv(2, 3, 70, 90, 48, torch.float16, layout="bnhd")
-    assert not x.q.is_contiguous()
-    out = naive_attention(x.q, x.k, x.v, causal, sm_scale=0.3)
-    assert_close(out, reference_attention(x.q, x.k, x.v, causal, 0.3), torch.float16, seed=x.seed)
-
+# --- each stage alone ------------------------------------------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_scores_stage(causal):
@@ -96,13 +73,6 @@ def test_pv_stage():
     assert_close(out, p.double() @ x.v.double(), torch.float16, seed=x.seed, what="PV")
 
 
-def test_query_that_sees_no_key_gets_zeros():
-    x = random_qkv(1, 2, 40, 10, 32, torch.float32)  # causal with n_q > n_k: first 30 queries see nothing
-    out = naive_attention(x.q, x.k, x.v, causal=True)
-    assert torch.all(out[:, :, :30] == 0)
-    assert_close(out, reference_attention(x.q, x.k, x.v, True), torch.float32, seed=x.seed)
-
-
 # --- the eager PyTorch version (the seed's "eager SDPA") ---------------------------------------
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -119,18 +89,3 @@ def test_eager_matches_torch_sdpa_like_the_seed(causal, n):
     err = relative_error(eager, fused)
     assert err <= tolerance(dtype), f"eager vs SDPA: relative error {err:.2e}; seed={x.seed}"
     assert_close(eager, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
-
-
-@pytest.mark.parametrize("n_q,n_k", [(17, 100), (100, 17)])
-def test_eager_matches_reference_with_unequal_lengths(n_q, n_k):
-    x = random_qkv(2, 2, n_q, n_k, 64, torch.float32, "cpu")
-    out = eager_attention(x.q, x.k, x.v, causal=True)
-    assert_close(out, reference_attention(x.q, x.k, x.v, True), torch.float32, seed=x.seed)
-
-
-@pytest.mark.skipif(not ON_GPU, reason="the GPU run checks bfloat16 end to end; the CPU run cannot (interpreter)")
-def test_naive_and_eager_agree_on_gpu_in_bf16():
-    x = random_qkv(1, 8, 1024, 1024, 128, torch.bfloat16)
-    ref = reference_attention(x.q, x.k, x.v, True)
-    assert_close(naive_attention(x.q, x.k, x.v, True), ref, torch.bfloat16, seed=x.seed)
-    assert_close(eager_attention(x.q, x.k, x.v, True), ref, torch.bfloat16, seed=x.seed)

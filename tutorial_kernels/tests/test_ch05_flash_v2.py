@@ -1,6 +1,10 @@
-"""Chapter 5: FlashAttention-2 forward — teaching and tuned launchers, every shape users bring."""
+"""Chapter 5: FlashAttention-2 forward — teaching and tuned launchers: what is particular to them.
 
-import math
+Both launchers' output on every shape (head dimensions 16 to 256, 48/80/96 in two blocks, 72/160 in
+one), dtype, layout (inputs and `out=` in a model's (B, N, H, d) memory), scale, grouped-/multi-query
+attention and bad input (an `out=` that overlaps or leaves gaps included) is checked by
+`test_conformance.py`."""
+
 from unittest import mock
 
 import pytest
@@ -17,60 +21,7 @@ from tutorial_kernels.ch05_flash_v2 import (
 )
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.testing import (
-    KERNEL_DTYPES,
-    ON_GPU,
-    Case,
-    assert_close,
-    attention_cases,
-    check_attention,
-    random_qkv,
-)
-
-LAUNCHERS = [flash_attn_v2, flash_attn_v2_tuned]
-# 48, 80 and 96 run as two column blocks (_head_dim_blocks); 72 and 160 as one padded block, where two
-# failed on the GPU (BENCHMARKS.md, fourth session): they guard that choice
-CASES = attention_cases(head_dims=(16, 32, 48, 64, 72, 80, 96, 128, 160, 256))
-# The tuned launcher runs the same kernel body; on a GPU every new (length bucket, d, dtype) costs an
-# autotuning pass, so it is checked on fewer shapes there; `test_every_tuning_config` checks each
-# configuration the autotuner may pick, without timing them.
-TUNED_CASES = CASES if not ON_GPU else [Case(2, 3, 17, 17, 128), Case(2, 4, 100, 1000, 80), Case(1, 2, 300, 300, 256)]
-
-
-@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_matches_reference(case, causal, dtype):
-    check_attention(flash_attn_v2, case, causal, dtype)
-
-
-@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", TUNED_CASES, ids=[c.id for c in TUNED_CASES])
-def test_tuned_matches_reference(case, causal, dtype):
-    check_attention(flash_attn_v2_tuned, case, causal, dtype)
-
-
-GQA_CASES = [(8, 2), (6, 1), (4, 4)]  # (query heads, key/value heads): GQA, MQA, plain
-
-
-@pytest.mark.parametrize("fn", LAUNCHERS, ids=lambda f: f.__name__)
-@pytest.mark.parametrize("heads,kv_heads", GQA_CASES, ids=lambda v: str(v))
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_grouped_query_attention(fn, heads, kv_heads, causal):
-    dtype = torch.float16
-    x = random_qkv(2, heads, 70, 90, 64, dtype)
-    k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]  # a slice: non-contiguous heads too
-    out = fn(x.q, k, v, causal)
-    assert_close(out, reference_attention(x.q, k, v, causal), dtype, seed=x.seed)
-
-
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hugging_face_layout_and_scale(causal):
-    # (B, N, H, d) tensors transposed to (B, H, N, d), as transformers passes them; Phi-2's d = 80
-    x = random_qkv(2, 4, 77, 77, 80, torch.float16, layout="bnhd")
-    out = flash_attn_v2(x.q, x.k, x.v, causal, sm_scale=0.17)
-    assert_close(out, reference_attention(x.q, x.k, x.v, causal, 0.17), torch.float16, seed=x.seed)
+from tutorial_kernels.testing import Case, assert_close, check_attention, random_qkv
 
 
 @pytest.mark.parametrize("head_dim,blocks", [(16, (16, 0)), (24, (32, 0)), (40, (64, 0)), (48, (32, 16)),
@@ -79,17 +30,6 @@ def test_hugging_face_layout_and_scale(causal):
                                              (256, (256, 0))])
 def test_head_dim_blocks(head_dim, blocks):
     assert _head_dim_blocks(head_dim) == blocks
-
-
-@pytest.mark.parametrize("head_dim", [64, 80], ids=lambda d: f"d{d}")
-@pytest.mark.parametrize("fn", LAUNCHERS, ids=lambda f: f.__name__)
-def test_writes_into_a_transposed_output_buffer(fn, head_dim):
-    # a model's (B, N, H, d) buffer viewed as (B, H, N, d): every element written, none elsewhere
-    x = random_qkv(2, 3, 45, 45, head_dim, torch.float16, layout="bnhd")
-    buffer = torch.full((2, 45, 3, head_dim), float("nan"), dtype=torch.float16, device=x.q.device)
-    returned = fn(x.q, x.k, x.v, True, out=buffer.transpose(1, 2))
-    assert returned.data_ptr() == buffer.data_ptr()
-    assert_close(buffer.transpose(1, 2), reference_attention(x.q, x.k, x.v, True), torch.float16, seed=x.seed)
 
 
 @pytest.mark.parametrize("with_lse", [False, True], ids=["no-lse", "lse"])
@@ -115,17 +55,6 @@ def test_lse_only_when_asked():
     out, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, False, tuned=True)
     assert lse.shape == (1, 2, 9) and torch.isfinite(lse).all()
     assert_close(lse.double(), reference_log_sum_exp(reference_scores(x.q, x.k, False)), torch.float32, seed=x.seed)
-
-
-def test_output_buffer_must_not_overlap_or_leave_gaps():
-    x = random_qkv(1, 2, 8, 8, 16, torch.float32)
-    overlapping = torch.empty(1, 1, 8, 16, device=x.q.device).expand(1, 2, 8, 16)
-    with pytest.raises(ValueError, match=r"out must be contiguous or a permuted view of a contiguous tensor .* "
-                                         r"got shape \(1, 2, 8, 16\) with strides \(128, 0, 16, 1\)"):
-        flash_attn_v2(x.q, x.k, x.v, out=overlapping)
-    gapped = torch.empty(1, 2, 8, 32, device=x.q.device)[..., :16]
-    with pytest.raises(ValueError, match=r"out must be contiguous or a permuted view"):
-        flash_attn_v2(x.q, x.k, x.v, out=gapped)
 
 
 @pytest.mark.parametrize("head_dim", [32, 80], ids=lambda d: f"d{d}")
@@ -161,7 +90,7 @@ def test_rejects_what_it_cannot_do():
         _launch(x.q, x.k, x.v, False, None, None, tuned=True, config=_flash_v2_fwd_tuned.configs[0])
 
 
-@pytest.mark.skipif(not ON_GPU, reason="long sequences are too slow for the interpreter")
+@pytest.mark.gpu("long sequences")  # too slow for the interpreter
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_long_sequences_on_gpu(causal, dtype):
@@ -200,7 +129,7 @@ def test_descriptors_need_contiguous_rows():
 TUNING_CONFIGS = _flash_v2_fwd_tuned.configs
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the interpreter has one tuning config, the teaching one's tiles")
+@pytest.mark.gpu("autotuning candidates")  # the interpreter has one tuning config, the teaching one's tiles
 @pytest.mark.parametrize("head_dim,dtype", [(64, torch.float16), (72, torch.float16), (80, torch.bfloat16),
                                             (256, torch.float16)], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

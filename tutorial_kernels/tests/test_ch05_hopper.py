@@ -1,8 +1,10 @@
 """Chapter 5 on Hopper: FA3's schedule in Gluon (`tutorial_kernels.ch05_hopper`).
 
 Gluon kernels run on a GPU only (not in Triton's interpreter), and this one only on compute
-capability 9.x: its correctness tests skip elsewhere with that reason; the argument checks run
-everywhere."""
+capability 9.x: its kernel tests are not collected without a GPU and skip, with that reason, on
+another GPU; the launch-plan arithmetic and the CPU refusal run everywhere. `flash_attn_hopper`'s
+output on its shapes (N = 1, ragged tiles, n_q ≠ n_k both ways, grouped-/multi-query attention, both
+layouts, a poisoned `out=`, float16 and bfloat16) and its argument checks are in `test_conformance.py`."""
 
 import pytest
 import torch
@@ -10,39 +12,18 @@ import torch
 from tutorial_kernels.ch05_hopper import (MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper, hopper_kernel_unavailable,
                                           pairs_per_section, runs_persistent)
 from tutorial_kernels.reference import reference_attention
-from tutorial_kernels.testing import assert_close, poisoned, random_qkv
+from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
 from tutorial_kernels.validation import UnsupportedShape
 
-ON_HOPPER = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
-needs_hopper = pytest.mark.skipif(
-    not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200); "
-    "Triton's CPU interpreter does not run Gluon")
-
-# (batch, heads, kv_heads, n_q, n_k): N = 1, N not a multiple of the 128-row or 128-key tiles,
-# n_q ≠ n_k both ways (bottom-right causal alignment), grouped-query and multi-query attention
-SHAPES = [(1, 2, 2, 1, 1), (2, 3, 3, 17, 17), (1, 4, 2, 100, 100), (2, 4, 1, 257, 257),
-          (1, 2, 2, 128, 128), (1, 8, 2, 384, 384), (1, 2, 1, 100, 357), (1, 2, 2, 300, 130),
-          (1, 2, 2, 1, 700), (1, 4, 4, 1000, 1000)]
+ON_HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] == 9
 
 
-@needs_hopper
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
-@pytest.mark.parametrize("layout", ["bhnd", "bnhd"])
-def test_matches_float64_reference(shape, causal, dtype, layout):
-    batch, heads, kv_heads, n_q, n_k = shape
-    x = random_qkv(batch, heads, n_q, n_k, 128, dtype, "cuda", layout=layout)
-    k, v = x.k[:, :kv_heads].contiguous(), x.v[:, :kv_heads].contiguous()
-    if layout == "bnhd":  # keep the (B, N, H, d) memory layout transformers hands over
-        k = k.transpose(1, 2).contiguous().transpose(1, 2)
-        v = v.transpose(1, 2).contiguous().transpose(1, 2)
-    assert hopper_kernel_unavailable(x.q, k, v) is None
-    out = poisoned(tuple(x.q.shape), dtype, "cuda")
-    assert flash_attn_hopper(x.q, k, v, causal, out=out) is out
-    group = heads // kv_heads
-    ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
-    assert_close(out, ref, dtype, seed=x.seed)
+def needs_hopper(test):
+    """Not collected without a GPU (Triton's CPU interpreter does not run Gluon); skipped, with the
+    reason, on a GPU of another architecture."""
+    test = pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x "
+                              "(H100/H200)")(test)
+    return pytest.mark.gpu("the Gluon kernel")(test)
 
 
 @needs_hopper
@@ -116,16 +97,6 @@ def test_cpu_tensors_are_refused_with_the_reason():
     q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
     assert "compute capability 9.x" in hopper_kernel_unavailable(q, q, q)
     with pytest.raises(UnsupportedShape, match=r"compute capability 9.x \(Hopper\), got cpu"):
-        flash_attn_hopper(q, q, q)
-
-
-def test_bad_arguments_are_checked_before_the_device():
-    q = torch.randn(1, 2, 8, 128)
-    with pytest.raises(TypeError, match="causal must be a bool"):
-        flash_attn_hopper(q, q, q, causal=1)
-    with pytest.raises(ValueError, match="k and v must have the same shape"):
-        flash_attn_hopper(q, q, q[:, :, :4])
-    with pytest.raises(TypeError, match="torch.float16 and torch.bfloat16, got torch.float32"):
         flash_attn_hopper(q, q, q)
 
 

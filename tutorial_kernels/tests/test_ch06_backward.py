@@ -1,4 +1,8 @@
-"""Chapter 6: the backward pass — gradients against float64 autograd of the one reference."""
+"""Chapter 6: the backward pass — gradients against float64 autograd of the one reference.
+
+`flash_attention`'s output and gradients on every shape (head_dim up to 256), dtype, layout, scale,
+grouped-/multi-query attention and bad input are checked by `test_conformance.py`, for the teaching
+configuration and the default (tuned) call; here, what is particular to the backward."""
 
 import pytest
 import torch
@@ -9,7 +13,7 @@ from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import _backward_config, _dkdv_tuned, _dq_tuned, flash_attention, flash_attn_backward
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
-from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, Case, grad_tolerance, random_qkv
+from tutorial_kernels.testing import Case, grad_tolerance, random_qkv
 
 DEVICE = default_device()
 
@@ -36,46 +40,6 @@ def check_gradients(q, k, v, causal, dtype, seed, sm_scale=None, tuned=False):
         err = relative_error(got, ref)
         assert err <= bound, f"{name}: relative error {err:.3e} > {bound:.1e} for {dtype}; seed={seed}"
     return q.grad, k.grad, v.grad
-
-
-# Odd shapes, few enough for the interpreter: lengths 1, 17, 100 at d = 64, every head_dim at n = 40
-# (256 included), n_q ≠ n_k both ways, over several 32-wide tiles. More and longer on the GPU.
-CASES = [
-    Case(2, 2, 1, 1, 64), Case(2, 3, 17, 17, 64), Case(1, 2, 100, 100, 64),
-    Case(1, 2, 40, 40, 16), Case(1, 2, 40, 40, 32), Case(1, 2, 40, 40, 80), Case(1, 2, 40, 40, 128),
-    Case(1, 1, 40, 40, 256), Case(2, 2, 17, 100, 64), Case(1, 2, 100, 17, 32), Case(1, 2, 1, 70, 80),
-    Case(1, 2, 257, 130, 32), Case(1, 2, 130, 257, 16),
-]
-if ON_GPU:
-    CASES += [Case(2, 3, 257, 257, d) for d in (16, 64, 80, 128, 256)] + [
-        Case(2, 4, 1000, 1000, 64), Case(1, 4, 1024, 3000, 128), Case(1, 4, 3000, 1024, 80),
-    ]
-
-
-@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_gradients_match_reference(case, causal, dtype):
-    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
-    check_gradients(x.q, x.k, x.v, causal, dtype, x.seed)
-
-
-@pytest.mark.parametrize("heads,kv_heads", [(6, 2), (4, 1)], ids=["gqa", "mqa"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_grouped_query_gradients_sum_over_the_group(heads, kv_heads, causal):
-    x = random_qkv(2, heads, 37, 45, 32, torch.float32)
-    k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]  # a slice: non-contiguous heads too
-    _, dk, dv = check_gradients(x.q, k, v, causal, torch.float32, x.seed)
-    assert dk.shape == k.shape and dv.shape == v.shape
-
-
-@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_hugging_face_layout_and_scale(causal, dtype):
-    # (B, N, H, d) tensors transposed to (B, H, N, d): non-contiguous inputs; Phi-2's d = 80
-    x = random_qkv(2, 2, 45, 45, 80, dtype, layout="bnhd")
-    assert not x.q.is_contiguous()
-    check_gradients(x.q, x.k, x.v, causal, dtype, x.seed, sm_scale=0.17)
 
 
 def test_queries_that_see_no_key_get_zero_gradients():
@@ -125,12 +89,9 @@ def test_gradients_are_deterministic():
         assert torch.equal(a, b)
 
 
-def test_rejects_what_it_cannot_do():
+def test_backward_rejects_a_do_unlike_q():
+    # flash_attention's arguments are checked by test_conformance.py; do is the backward's own
     x = random_qkv(1, 4, 8, 8, 16, torch.float32)
-    with pytest.raises(ValueError, match=r"k's heads \(3\) must divide q's heads \(4\)"):
-        flash_attention(x.q, x.k[:, :3], x.v[:, :3])
-    with pytest.raises(TypeError, match=r"causal must be a bool"):
-        flash_attention(x.q, x.k, x.v, causal=1)
     with pytest.raises(ValueError, match=r"do must have q's shape"):
         flash_attn_backward(x.q, x.k, x.v, x.q, x.q[..., 0].float(), x.q[:, :2], False)
 
@@ -173,7 +134,7 @@ def test_gradcheck_against_finite_differences(causal):
     )
 
 
-@pytest.mark.skipif(not ON_GPU, reason="long sequences are too slow for the interpreter")
+@pytest.mark.gpu("long sequences")  # too slow for the interpreter
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_long_sequences_on_gpu(causal, dtype):
@@ -182,22 +143,12 @@ def test_long_sequences_on_gpu(causal, dtype):
         check_gradients(x.q, x.k, x.v, causal, dtype, x.seed)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="on the interpreter the tuned launchers run the teaching config")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("case", [Case(2, 3, 300, 500, 64), Case(1, 4, 1000, 1000, 128), Case(1, 2, 257, 130, 80)],
-                         ids=lambda c: c.id)
-def test_tuned_gradients_on_gpu(case, causal, dtype):
-    x = random_qkv(case.batch, case.heads, case.n_q, case.n_k, case.head_dim, dtype)
-    check_gradients(x.q, x.k, x.v, causal, dtype, x.seed, tuned=True)
-
-
 # each kernel's candidates, paired with the other kernel's teaching config: the autotuner picks the
 # two kernels' configurations independently
 BACKWARD_CONFIGS = [("dkdv", c) for c in _dkdv_tuned.configs] + [("dq", c) for c in _dq_tuned.configs]
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the interpreter has one tuning config, the teaching one's tiles")
+@pytest.mark.gpu("autotuning candidates")  # the interpreter has one tuning config, the teaching one's tiles
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("kernel,config", BACKWARD_CONFIGS,

@@ -40,7 +40,7 @@ def test_hbm_byte_model_counts_each_programs_loads():
     assert flash_v2_hbm_bytes(2, 3, 128, 128, d, b, 64, 64)["kernel_read"] == 6 * full["kernel_read"]
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the timeline reads %smid and %globaltimer: GPU only")
+@pytest.mark.gpu("timelines")  # the timeline reads %smid and %globaltimer: GPU only
 def test_timeline_records_one_program_per_head():
     run = flash_v1_timeline(1, 8, 512, 64)
     assert run.n_programs == 8
@@ -48,7 +48,7 @@ def test_timeline_records_one_program_per_head():
     assert all(e > s for s, e in zip(run.start_ns, run.end_ns))
 
 
-@pytest.mark.skipif(not ON_GPU, reason="the timeline reads %smid and %globaltimer: GPU only")
+@pytest.mark.gpu("timelines")  # the timeline reads %smid and %globaltimer: GPU only
 def test_timeline_fills_the_gpu_where_flash_attention_1_cannot():
     fa1, fa2 = flash_v1_timeline(1, 8, 4096, 64), flash_v2_timeline(1, 8, 4096, 64)
     assert fa1.n_programs == 8 and fa2.n_programs == 8 * 4096 // 64

@@ -15,8 +15,9 @@ from tutorial_kernels.reference import reference_attention, reference_log_sum_ex
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
 
-needs_gpu = pytest.mark.skipif(not ON_GPU, reason="a remembered launch replays a compiled kernel: GPU only "
-                               "(Triton's interpreter compiles nothing, so nothing is remembered there)")
+# A remembered launch replays a compiled kernel: GPU only (Triton's interpreter compiles nothing, so
+# nothing is remembered there). Not collected without a GPU (conftest.py).
+needs_gpu = pytest.mark.gpu("remembered launches")
 ON_HOPPER = ON_GPU and torch.cuda.get_device_capability()[0] == 9
 
 
@@ -231,6 +232,7 @@ def test_a_launch_hook_sees_remembered_launches(monkeypatch):
     assert len(seen) == 1, "a profiler's hook must see every launch, remembered ones too"
 
 
+@pytest.mark.gpu("the Gluon kernel")
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "full"])
 @pytest.mark.parametrize("shape", [(1, 4, 2, 300, 300), (1, 32, 8, 1024, 1024), (2, 2, 2, 1, 700),

@@ -115,7 +115,7 @@ def test_bf16_under_the_interpreter_is_refused_not_wrong():
         naive_attention(q, k, v)
 
 
-@pytest.mark.skipif(not ON_GPU, reason="needs a GPU to put a tensor on the CPU next to one on the GPU")
+@pytest.mark.gpu("mixed devices")  # needs a GPU to put a tensor on the CPU next to one on the GPU
 def test_cpu_and_gpu_mixed():
     q, k, v = qkv()
     with pytest.raises(ValueError, match=r"must be on q's device"):
