@@ -103,7 +103,7 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
             )
 
 
-@pytest.mark.skipif(not ON_GPU, reason="measuring needs a CUDA GPU")
+@pytest.mark.gpu("benchmarks")
 def test_measure_subset_on_the_gpu():
     # the notebooks' "your GPU" cells call this; every row must be measured and checked
     result = measure_subset("ch02-seed", lambda shape: shape.n == 256)

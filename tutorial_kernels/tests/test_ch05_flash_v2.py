@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from tutorial_kernels.ch05_flash_v2 import (
-    _flash_v2_fwd_tuned,
+    TUNED,
     _head_dim_blocks,
-    _launch,
-    _tuned_choices,
+    _launch_teaching,
     flash_attn_v2,
     flash_attn_v2_tuned,
     flash_attn_v2_with_lse,
@@ -36,14 +35,17 @@ def test_head_dim_blocks(head_dim, blocks):
 def test_tuned_launcher_reuses_the_autotuners_choice(with_lse):
     x = random_qkv(1, 2, 37, 37, 48, torch.float16)  # d = 48: two blocks
     ref = reference_attention(x.q, x.k, x.v, True)
-    before = set(_tuned_choices)
-    first, _ = _launch(x.q, x.k, x.v, True, None, None, tuned=True, with_lse=with_lse)
-    new_keys = set(_tuned_choices) - before
+    launch = flash_attn_v2_with_lse if with_lse else flash_attn_v2_tuned
+    kwargs = dict(tuned=True) if with_lse else {}
+    before = set(TUNED.choices)
+    first = launch(x.q, x.k, x.v, True, **kwargs)
+    new_keys = set(TUNED.choices) - before
     assert len(new_keys) <= 1  # a key tuned by an earlier test is reused, not tuned again
-    key = next(k for k in _tuned_choices if k[:3] == (64, 48, True) and k[-1] == with_lse)
-    assert _tuned_choices[key] in _flash_v2_fwd_tuned.cache.values()  # the autotuner's own object
-    with mock.patch.object(_flash_v2_fwd_tuned, "run", side_effect=AssertionError("asked the autotuner again")):
-        second, lse = _launch(x.q, x.k, x.v, True, None, None, tuned=True, with_lse=with_lse)
+    key = next(k for k in TUNED.choices if k[:3] == (64, 48, True) and k[-1] == with_lse)
+    assert TUNED.choices[key] in TUNED.autotuner.cache.values()  # the autotuner's own object
+    with mock.patch.object(TUNED.autotuner, "run", side_effect=AssertionError("asked the autotuner again")):
+        second = launch(x.q, x.k, x.v, True, **kwargs)
+    first, (second, lse) = (first[0], second) if with_lse else (first, (second, None))
     assert (lse is not None) == with_lse
     for out in (first, second):
         assert_close(out, ref, torch.float16, seed=x.seed)
@@ -51,7 +53,7 @@ def test_tuned_launcher_reuses_the_autotuners_choice(with_lse):
 
 def test_lse_only_when_asked():
     x = random_qkv(1, 2, 9, 9, 32, torch.float32)
-    assert _launch(x.q, x.k, x.v, False, None, None, tuned=False)[1] is None
+    assert _launch_teaching(x.q, x.k, x.v, False, None, None)[1] is None
     out, lse = flash_attn_v2_with_lse(x.q, x.k, x.v, False, tuned=True)
     assert lse.shape == (1, 2, 9) and torch.isfinite(lse).all()
     assert_close(lse.double(), reference_log_sum_exp(reference_scores(x.q, x.k, False)), torch.float32, seed=x.seed)
@@ -86,8 +88,8 @@ def test_rejects_what_it_cannot_do():
         flash_attn_v2(x.q, x.k, x.v[:, :2])
     with pytest.raises(TypeError, match=r"descriptors must be None, True or False, got str 'yes'"):
         flash_attn_v2_tuned(x.q, x.k, x.v, descriptors="yes")
-    with pytest.raises(ValueError, match=r"config: names one configuration for the untuned launch"):
-        _launch(x.q, x.k, x.v, False, None, None, tuned=True, config=_flash_v2_fwd_tuned.configs[0])
+    with pytest.raises(TypeError, match=r"config must be a triton.Config or None, got str 'fast'"):
+        flash_attn_v2(x.q, x.k, x.v, config="fast")
 
 
 @pytest.mark.gpu("long sequences")  # too slow for the interpreter
@@ -126,7 +128,7 @@ def test_descriptors_need_contiguous_rows():
         flash_attn_v2_tuned(x.q, x.k, x.v, descriptors=True)
 
 
-TUNING_CONFIGS = _flash_v2_fwd_tuned.configs
+TUNING_CONFIGS = TUNED.configs
 
 
 @pytest.mark.gpu("autotuning candidates")  # the interpreter has one tuning config, the teaching one's tiles
@@ -140,7 +142,7 @@ def test_every_tuning_config(config, causal, head_dim, dtype):
 
     x = random_qkv(2, 3, 200, 333, head_dim, dtype)
     try:
-        out, _ = _launch(x.q, x.k, x.v, causal, None, None, tuned=False, config=config)
+        out = flash_attn_v2(x.q, x.k, x.v, causal, config=config)
     except OutOfResources as err:  # the autotuner skips such configs too
         pytest.skip(f"does not fit at head_dim {head_dim}: {err}")
     assert_close(out, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 import triton
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
-from tutorial_kernels.ch06_backward import _backward_config, _dkdv_tuned, _dq_tuned, flash_attention, flash_attn_backward
+from tutorial_kernels.ch06_backward import TUNED_DKDV, TUNED_DQ, _backward_config, flash_attention, flash_attn_backward
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
 from tutorial_kernels.testing import Case, grad_tolerance, random_qkv
@@ -145,7 +145,7 @@ def test_long_sequences_on_gpu(causal, dtype):
 
 # each kernel's candidates, paired with the other kernel's teaching config: the autotuner picks the
 # two kernels' configurations independently
-BACKWARD_CONFIGS = [("dkdv", c) for c in _dkdv_tuned.configs] + [("dq", c) for c in _dq_tuned.configs]
+BACKWARD_CONFIGS = [("dkdv", c) for c in TUNED_DKDV.configs] + [("dq", c) for c in TUNED_DQ.configs]
 
 
 @pytest.mark.gpu("autotuning candidates")  # the interpreter has one tuning config, the teaching one's tiles

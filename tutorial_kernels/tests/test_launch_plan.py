@@ -52,7 +52,7 @@ def test_nothing_is_remembered_under_the_interpreter():
     for _ in range(3):
         out = ch05.flash_attn_v2_tuned(q, k, v, True)
     assert_close(out, reference_attention(q, k, v, True), torch.float32, seed=seed)
-    assert len(ch05._tuned_launches) == 0
+    assert len(ch05.TUNED.plans) == 0
 
 
 def test_a_plan_keeps_the_argument_order_and_no_tensor(monkeypatch):
@@ -97,9 +97,9 @@ def test_a_plan_keeps_the_argument_order_and_no_tensor(monkeypatch):
     assert "key" not in plans
 
 
-def _full_launch_only(monkeypatch, module, name):
-    """Give `module.name` an empty LaunchPlans: every call then launches the full way."""
-    monkeypatch.setattr(module, name, LaunchPlans(getattr(module, name).kernel))
+def _full_launch_only(monkeypatch, owner, name="plans"):
+    """Give `owner.name` an empty LaunchPlans: every call then launches the full way."""
+    monkeypatch.setattr(owner, name, LaunchPlans(getattr(owner, name).kernel))
 
 
 def _forbid_triton_dispatch(monkeypatch, kernel):
@@ -115,27 +115,27 @@ def _forbid_triton_dispatch(monkeypatch, kernel):
                          ids=lambda c: "b{}h{}n{}d{}-{}-{}".format(*c[:5], "out" if c[5] else "new"))
 def test_a_remembered_launch_computes_what_the_full_launch_computes(monkeypatch, case, dtype):
     batch, heads, n, head_dim, layout, with_out = case
-    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    _full_launch_only(monkeypatch, ch05.TUNED)
     outputs = []
     for call in range(3):  # the autotuner's call, the call that is remembered, the repeat
         q, k, v, seed = _inputs(batch, heads, n, head_dim, dtype, layout)
         out = poisoned((batch, n, heads, head_dim), dtype, "cuda").transpose(1, 2) if with_out else None
         if call == 2:
-            assert len(ch05._tuned_launches) == 1
-            _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+            assert len(ch05.TUNED.plans) == 1
+            _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
         o = ch05.flash_attn_v2_tuned(q, k, v, True, out=out)
         assert out is None or o is out
         assert_close(o, reference_attention(q, k, v, True), dtype, seed=seed)
         outputs.append((q, k, v, o.clone()))
     monkeypatch.undo()  # the full launch again, for the same inputs: the same bits
     q, k, v, o = outputs[-1]
-    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    _full_launch_only(monkeypatch, ch05.TUNED)
     torch.testing.assert_close(ch05.flash_attn_v2_tuned(q, k, v, True), o, rtol=0, atol=0)
 
 
 @needs_gpu
 def test_another_alignment_or_lse_is_another_launch(monkeypatch):
-    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    _full_launch_only(monkeypatch, ch05.TUNED)
     q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
     for _ in range(2):
         ch05.flash_attn_v2_tuned(q, k, v)
@@ -146,8 +146,8 @@ def test_another_alignment_or_lse_is_another_launch(monkeypatch):
         assert_close(ch05.flash_attn_v2_tuned(q2, k, v), reference_attention(q, k, v), torch.float16, seed=seed)
     for _ in range(2):  # the log-sum-exp is a fifth tensor argument: another key, another launch
         ch05.flash_attn_v2_with_lse(q, k, v, tuned=True)
-    assert len(ch05._tuned_launches) == 3
-    _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+    assert len(ch05.TUNED.plans) == 3
+    _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
     q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)  # the remembered launch, on new tensors
     o, lse = ch05.flash_attn_v2_with_lse(q, k, v, tuned=True)
     assert_close(o, reference_attention(q, k, v), torch.float16, seed=seed)
@@ -161,15 +161,15 @@ def test_a_remembered_launch_with_descriptors_runs_in_another_thread(monkeypatch
     # from a thread that never made the full call (a generate() in a worker thread) must set it too.
     import threading
 
-    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    _full_launch_only(monkeypatch, ch05.TUNED)
     q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
     block_d, _ = ch05._head_dim_blocks(64)
     tuning_key = (triton.next_power_of_2(100), 64, True, block_d, ch05.EITHER, torch.float16, False)
-    with_descriptors = next(c for c in ch05._tuning_configs() if c.kwargs["USE_DESCRIPTORS"]
+    with_descriptors = next(c for c in ch05.TUNED.configs if c.kwargs["USE_DESCRIPTORS"]
                             and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64)
-    monkeypatch.setitem(ch05._tuned_choices, tuning_key, with_descriptors)  # as if the autotuner chose it
+    monkeypatch.setitem(ch05.TUNED.choices, tuning_key, with_descriptors)  # as if the autotuner chose it
     ch05.flash_attn_v2_tuned(q, k, v, True)  # remembered, in this thread
-    _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+    _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
     result = {}
 
     def worker():
@@ -186,14 +186,14 @@ def test_a_remembered_launch_with_descriptors_runs_in_another_thread(monkeypatch
 
 @needs_gpu
 def test_a_remembered_launch_keeps_no_memory_alive(monkeypatch):
-    _full_launch_only(monkeypatch, ch05, "_tuned_launches")
+    _full_launch_only(monkeypatch, ch05.TUNED)
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     for _ in range(3):  # tuned, remembered, relaunched
         q, k, v, _ = _inputs(1, 4, 4096, 64, torch.float16)
         o = ch05.flash_attn_v2_tuned(q, k, v, True)
         del q, k, v, o
-    assert len(ch05._tuned_launches) == 1
+    assert len(ch05.TUNED.plans) == 1
     assert torch.cuda.memory_allocated() <= before, "a remembered launch holds on to a call's tensors"
 
 
@@ -226,7 +226,7 @@ def test_a_launch_hook_sees_remembered_launches(monkeypatch):
         monkeypatch.setattr(chain, "calls", [*chain.calls, hook])
     else:
         monkeypatch.setattr(knobs.runtime, "launch_enter_hook", hook)
-    _forbid_triton_dispatch(monkeypatch, ch05._flash_v2_fwd_kernel)
+    _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
     assert_close(ch05.flash_attn_v2_tuned(q, k, v, True), reference_attention(q, k, v, True), torch.float16,
                  seed=seed)
     assert len(seen) == 1, "a profiler's hook must see every launch, remembered ones too"
