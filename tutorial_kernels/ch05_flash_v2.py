@@ -32,7 +32,7 @@ from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_s
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.tiling import (
-    INTERPRETER_TILES, LOG2_E, causal_key_stages, from_log2_units, head_dim_block, tuning_tiles)
+    INTERPRETER_TILES, LOG2_E, from_log2_units, head_dim_block, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
 # --8<-- [start:inner_loop]
@@ -187,8 +187,12 @@ def _flash_v2_fwd_kernel(
     acc_tail = tl.zeros([BLOCK_M, BLOCK_DT], tl.float32)  # the output's columns of the second block
 
     # Which key tiles this query tile sees. Query i sees keys j ≤ i + (n_k − n_q) when causal.
-    if CAUSAL:
-        unmasked_end, masked_end = causal_key_stages(pid_m * BLOCK_M, n_q, n_k, BLOCK_M, BLOCK_N)
+    if CAUSAL:  # `tiling.causal_key_stages`, written out: ptxas (CUDA 13) crashed on the helper's
+        # inlined form at head_dim 16 with one query, where Triton folds n_q = 1 into the code
+        first_row_sees = pid_m * BLOCK_M + (n_k - n_q) + 1  # keys [0, this) are visible to every row
+        last_row_sees = (pid_m + 1) * BLOCK_M + (n_k - n_q)  # no row sees a key at or past this
+        unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k) // BLOCK_N * BLOCK_N, 0)
+        masked_end = tl.maximum(tl.minimum(last_row_sees, n_k), 0)
     else:
         unmasked_end = n_k // BLOCK_N * BLOCK_N  # whole tiles
         masked_end = n_k  # the ragged last tile, if any

@@ -57,7 +57,7 @@ def causal_key_stages(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.cons
     (whole BLOCK_N tiles, no mask); keys [unmasked_end, masked_end) need the mask; none past."""
     first_row_sees = start_m + (n_k - n_q) + 1  # keys [0, this) are visible to the tile's first row
     last_row_sees = start_m + BLOCK_M + (n_k - n_q)  # no row of the tile sees a key at or past this
-    unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k), 0) // BLOCK_N * BLOCK_N
+    unmasked_end = tl.maximum(tl.minimum(first_row_sees, n_k) // BLOCK_N * BLOCK_N, 0)
     masked_end = tl.maximum(tl.minimum(last_row_sees, n_k), 0)
     return unmasked_end, masked_end
 
@@ -74,7 +74,7 @@ def causal_query_stages(start_n, n_q, n_k, BLOCK_N: tl.constexpr, BLOCK_M: tl.co
 
 def key_stages(start_m: int, n_q: int, n_k: int, block_m: int, block_n: int) -> tuple[int, int]:
     """`causal_key_stages` on the host: (unmasked_end, masked_end) for the query tile at start_m."""
-    unmasked_end = max(min(start_m + (n_k - n_q) + 1, n_k), 0) // block_n * block_n
+    unmasked_end = max(min(start_m + (n_k - n_q) + 1, n_k) // block_n * block_n, 0)
     return unmasked_end, max(min(start_m + block_m + (n_k - n_q), n_k), 0)
 
 
