@@ -2,8 +2,8 @@
 
     python3 tools/probe_attention_in_model.py --out data/prefill_attention_in_model.json   # H100, ~3 min
 
-Mistral-7B (random weights, as in `tutorial_kernels.integrations.prefill`) at a few prompt lengths. For torch
-SDPA as transformers calls it and for ours (`tutorial_kernels.integrations.hf_attention`), three GPU times of one
+Mistral-7B (random weights, as in `tutorial_kernels.prefill`) at a few prompt lengths. For torch
+SDPA as transformers calls it and for ours (`tutorial_kernels.hf_attention`), three GPU times of one
 layer's attention call:
 
 * alone, L2 warm: the call on layer 0's own q, k, v, captured in a CUDA graph and replayed
@@ -40,7 +40,7 @@ def register_variants() -> dict[str, str]:
     from transformers.masking_utils import AttentionMaskInterface
 
     from tutorial_kernels import ch05_hopper, hf_attention
-    from tutorial_kernels.perf.launch_plan import LaunchPlans
+    from tutorial_kernels.launch_plan import LaunchPlans
 
     hf_attention.register()
 

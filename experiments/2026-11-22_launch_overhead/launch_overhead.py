@@ -4,7 +4,7 @@ call and GPU time, on the tensors the model itself hands over (batch 1, bfloat16
     python3 tools/launch_overhead.py --out data/launch_overhead.json
 
 The query, key and value are captured from a one-layer model with each prefill model's published
-dimensions (`tutorial_kernels.integrations.prefill.MODELS`): the same layouts, strides and head counts as in the
+dimensions (`tutorial_kernels.prefill.MODELS`): the same layouts, strides and head counts as in the
 prefill study. Each implementation is then called exactly as the model calls it, through
 transformers' attention interface (`sdpa_attention_forward` for SDPA, `tutorial_flash_attention` for
 ours), output layout included.
@@ -44,8 +44,8 @@ def capture_attention_inputs(model_key: str, n: int):
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
-    from tutorial_kernels.integrations.hf_attention import tutorial_flash_mask
-    from tutorial_kernels.integrations.prefill import MODELS, build_model
+    from tutorial_kernels.hf_attention import tutorial_flash_mask
+    from tutorial_kernels.prefill import MODELS, build_model
 
     captured = {}
 
@@ -78,7 +78,7 @@ def main() -> None:
 
     from tutorial_kernels import bench
     from tutorial_kernels import ch05_flash_v2 as ch05
-    from tutorial_kernels.integrations.hf_attention import tutorial_flash_attention
+    from tutorial_kernels.hf_attention import tutorial_flash_attention
 
     impls = {"sdpa": sdpa_attention_forward, "tutorial_fa2": tutorial_flash_attention}
     rows = []
@@ -137,7 +137,7 @@ def bare_launches(ch05, c) -> dict:
 
     import torch
 
-    from tutorial_kernels.perf.launch_plan import LaunchPlans
+    from tutorial_kernels.launch_plan import LaunchPlans
 
     q, k, v = c["query"], c["key"], c["value"]
     ch05.flash_attn_v2_tuned(q, k, v, True)  # tunes, if not done yet

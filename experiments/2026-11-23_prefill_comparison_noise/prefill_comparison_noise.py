@@ -4,7 +4,7 @@
 
 * median over median: the ratio of the two implementations' median forwards, with a 95 % bootstrap
   interval (each implementation's forwards resampled with replacement, seeded, 4000 times);
-* by pairs of turns: `tutorial_kernels.integrations.prefill.paired_ratio`, its sign-test interval.
+* by pairs of turns: `tutorial_kernels.prefill.paired_ratio`, its sign-test interval.
 
 The prefill page quotes both at 2048 tokens to show why the paired comparison is the one judged.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tutorial_kernels.integrations.prefill import format_paired, paired_ratio  # noqa: E402
+from tutorial_kernels.prefill import format_paired, paired_ratio  # noqa: E402
 
 RESAMPLES = 4000
 
@@ -38,7 +38,7 @@ def median_ratio_interval(ours: list[float], base: list[float], seed: int = 1) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("data", type=Path, help="a data file written by python -m tutorial_kernels.integrations.prefill")
+    parser.add_argument("data", type=Path, help="a data file written by python -m tutorial_kernels.prefill")
     parser.add_argument("--length", type=int, default=2048, help="prompt length to compare at")
     args = parser.parse_args()
     result = json.loads(args.data.read_text())
