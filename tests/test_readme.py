@@ -57,3 +57,11 @@ def test_every_top_level_folder_is_named():
         if entry.name.endswith(".egg-info") or entry.name == "__pycache__":
             continue
         assert entry.name in named, f"README's layout does not name the folder {entry.name}/"
+
+
+def test_the_tools_row_lists_exactly_the_supported_commands():
+    """tools/ holds only the supported commands: the README's row names every file there, and no other."""
+    row = next(r for r in _layout_rows() if r.startswith("| `tools/`"))
+    named = set(re.findall(r"`([^`/]+)`", row.split("|")[2]))
+    present = {p.name for p in (ROOT / "tools").iterdir() if p.is_file()}
+    assert present == named, f"tools/ holds {sorted(present)}, the README's row names {sorted(named)}"

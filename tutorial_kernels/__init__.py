@@ -6,9 +6,11 @@ shaped (batch, heads, seq, head_dim), and is checked against the float64 referen
 without a CUDA GPU it sets TRITON_INTERPRET=1 (unless already set), so that the kernels run through
 Triton's interpreter on the CPU; with a GPU it changes no process-wide setting.
 
-Layers, bottom to top (a module imports only from its own layer or below; tests/test_architecture.py):
+Layers, bottom to top (a module imports only from its own layer or below;
+tutorial_kernels/tests/test_architecture.py):
 leaves (runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling) →
-perf → chapters (ch01 … ch06, ch05_hopper) → instruments, integrations → bench → figures.
+perf → chapters (ch01 … ch06, ch05_hopper) → instruments, integrations → bench → figures → this
+package's own API and the test harness (testing).
 """
 
 from tutorial_kernels.runtime import choose_execution_mode

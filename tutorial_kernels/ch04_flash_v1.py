@@ -11,7 +11,7 @@ chapter 3 with tile (i, j), and writes them back, keeping O_i normalised as Algo
 
 S and P never reach HBM (chapter 2's 4N² elements are gone), but Q, O, ℓ and m make one round trip
 per K/V tile: Θ(N² d² / M) traffic for on-chip memory M (Theorem 2), counted exactly for this
-schedule by `flash_v1_hbm_bytes`.
+schedule by `instruments.hbm_model.flash_v1_hbm_bytes`.
 
 Public functions, with chapter 2's contract (q (B, H, n_q, d), k and v (B, H, n_k, d), any strides,
 float16/bfloat16/float32, 16 ≤ d ≤ 128, bottom-right causal masks):
@@ -19,7 +19,9 @@ float16/bfloat16/float32, 16 ≤ d ≤ 128, bottom-right causal masks):
 * `flash_attn_v1(q, k, v, causal=False, sm_scale=None, *, out=None) -> o`
 * `flash_attn_v1_with_stats(...) -> (o, lse)` also returns the saved row statistic
   lse = m + log ℓ (float32, (B, H, n_q); −∞ for a query that sees no key), what a backward pass keeps.
-* `flash_v1_timeline(...)` (GPU only) records which SM each program ran on, and when.
+* `flash_v1_schedule(...)`: the (K/V tile, Q tile) pairs one program visits, in order.
+
+`instruments.timeline.flash_v1_timeline` records which SM each program ran on, and when (GPU only).
 """
 
 from __future__ import annotations
@@ -201,6 +203,8 @@ def flash_attn_v1_with_stats(
     config = default_blocks(d, q.dtype)
     block_m = _check_block("block_m", config["block_m"] if block_m is None else block_m)
     block_n = _check_block("block_n", config["block_n"] if block_n is None else block_n)
+    if trace is not None:
+        recorder.check_trace(trace, B * H, q.device)
 
     # Lines 1–4 of Algorithm 1: O = 0, ℓ = 0, m = −∞, in HBM. O is kept in float32, not in the output
     # dtype: it is rewritten after every K/V tile, and rounding it to 16 bits T_c times would add

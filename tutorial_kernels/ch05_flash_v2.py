@@ -229,8 +229,6 @@ def _flash_v2_fwd_kernel(
 # --8<-- [end:forward_kernel]
 
 
-
-
 def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     """(BLOCK_D, BLOCK_DT): the head dimension as one block (BLOCK_DT = 0), or as two power-of-two
     blocks when it is exactly their sum and below 128. Every padded column costs as much tensor-core
@@ -271,7 +269,7 @@ def _prepare(q, k, v, causal, sm_scale, out, *, with_lse: bool, tuned: bool, des
 
     descriptors: True/False forces TMA descriptors / pointer loads for K and V; None lets a tuned
     launch use descriptors where they apply (pointers for the teaching launch). Returns
-    (o, lse, args, constexprs, grid(meta)). `out`, if given, may be any permutation of a contiguous
+    (o, lse, args, constexprs, grid(meta), the autotuner's key). `out`, if given, may be any permutation of a contiguous
     layout: the kernel writes through its strides (a model's (B, N, H, d) buffer seen as (B, H, N, d))."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if descriptors is not None and not isinstance(descriptors, bool):
@@ -292,12 +290,16 @@ def _prepare(q, k, v, causal, sm_scale, out, *, with_lse: bool, tuned: bool, des
         block_d, block_dt = head_dim_block(shape.head_dim), 0
     if choice != POINTERS_ONLY and k.is_cuda:
         use_descriptor_scratch()
+    if trace is not None:
+        recorder.check_trace(trace, triton.cdiv(shape.n_q, teaching_config(shape.head_dim)["BLOCK_M"])
+                             * shape.batch * shape.heads, q.device)
+    length_bucket = triton.next_power_of_2(max(shape.n_q, shape.n_k))
     args = (
         q, k, v, o, lse, trace,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
         shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
-        triton.next_power_of_2(max(shape.n_q, shape.n_k)),  # length_bucket: only the autotuner reads it
+        length_bucket,  # only the autotuner reads it
         choice,  # likewise
     )
     constexprs = dict(
@@ -307,7 +309,10 @@ def _prepare(q, k, v, causal, sm_scale, out, *, with_lse: bool, tuned: bool, des
         WRITE_LSE=with_lse, TRACE=trace is not None,
     )
     grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
-    return o, lse, args, constexprs, grid
+    # the autotuner's key: its `key` arguments (length_bucket, head_dim, CAUSAL, BLOCK_D, load_choice),
+    # then the dtypes of the tensor arguments (q's for q, k, v and o; lse's only when it is written)
+    tuning_key = (length_bucket, shape.head_dim, causal, block_d, choice, q.dtype, with_lse)
+    return o, lse, args, constexprs, grid, tuning_key
 
 
 def _launch_teaching(q, k, v, causal, sm_scale, out, *, with_lse=False, config=None, trace=None):
@@ -316,9 +321,14 @@ def _launch_teaching(q, k, v, causal, sm_scale, out, *, with_lse=False, config=N
     if config is not None and not isinstance(config, triton.Config):
         raise TypeError(f"config must be a triton.Config or None, got {type(config).__name__} {config!r}")
     descriptors = bool(config.kwargs.get("USE_DESCRIPTORS", False)) if config is not None else False
-    o, lse, args, constexprs, grid = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=False,
-                                              descriptors=descriptors, trace=trace)
-    meta = config.all_kwargs() if config is not None else teaching_config(k.shape[-1]) | dict(USE_DESCRIPTORS=False)
+    if descriptors and not _descriptors_apply(k, v):
+        raise ValueError("config: USE_DESCRIPTORS needs contiguous float16 or bfloat16 k and v with 16-byte aligned "
+                         f"rows; got k strides {k.stride()}, head_dim {k.shape[-1]}, {k.dtype}")
+    if config is not None and trace is not None:
+        raise ValueError("trace: a timeline is recorded with the teaching configuration; pass config=None")
+    o, lse, args, constexprs, grid, _ = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=False,
+                                                 descriptors=descriptors, trace=trace)
+    meta = dict(USE_DESCRIPTORS=False) | (config.all_kwargs() if config is not None else teaching_config(k.shape[-1]))
     _flash_v2_fwd_kernel[grid(meta)](*args, **constexprs, **meta)
     return o, lse
 # --8<-- [end:launcher]
@@ -362,7 +372,8 @@ TUNED = TunedKernel(
      for bm, bn, w, s in tuning_tiles(TILE_CONFIGS) for tma in (False, True)],
     key=["length_bucket", "head_dim", "CAUSAL", "BLOCK_D", "load_choice"],
     prune=_allowed_loads,
-    makes_descriptors=lambda config: config.kwargs["USE_DESCRIPTORS"],
+    # descriptors made in a kernel need scratch memory, on a GPU (the interpreter makes none)
+    makes_descriptors=lambda config: config.kwargs["USE_DESCRIPTORS"] and not interpreter_active(),
 )
 
 
@@ -376,11 +387,8 @@ def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None
         if TUNED.relaunch(plan, q, k, v, o, *((lse,) if with_lse else ())):
             return o, lse
-    o, lse, args, constexprs, grid = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=True,
-                                              descriptors=descriptors)
-    # the autotuner's key: its `key` arguments (length_bucket, head_dim, CAUSAL, BLOCK_D, load_choice),
-    # then the dtypes of the tensor arguments (q's for q, k, v and o; lse's only when it is written)
-    tuning_key = (args[-2], k.shape[-1], causal, constexprs["BLOCK_D"], args[-1], q.dtype, with_lse)
+    o, lse, args, constexprs, grid, tuning_key = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse,
+                                                          tuned=True, descriptors=descriptors)
     TUNED.launch(grid, tuning_key, plan, *args, **constexprs)
     return o, lse
 # --8<-- [end:tuned_launch]

@@ -320,8 +320,9 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
         o, do, delta, *o.stride(), *do.stride(), heads, n_q, shape.head_dim,
         BLOCK_M=preprocess_rows, BLOCK_D=block_d,
     )
+    length_bucket = triton.next_power_of_2(max(n_q, n_k))  # a key for the autotuner only
     common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E,
-              triton.next_power_of_2(max(n_q, n_k)))  # the last: a key for the autotuner only
+              length_bucket)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv,
                  *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *common)
     dq_args = (q, k, v, do, lse, delta, dq,
@@ -330,7 +331,7 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
     if tuned:
         # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
-        tuning_key = (common[-1], shape.head_dim, causal, block_d, q.dtype)
+        tuning_key = (length_bucket, shape.head_dim, causal, block_d, q.dtype)
         TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d)
         TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, CAUSAL=causal, BLOCK_D=block_d)
     else:

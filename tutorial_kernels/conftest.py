@@ -33,27 +33,30 @@ def pytest_report_header(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Without a GPU, deselect the tests marked `gpu` (the marker's argument names their kind)."""
-    if ON_GPU:
-        return
-    kept, gpu_only = [], []
+    """Deselect what cannot run here: the tests marked `gpu` without a GPU, those marked `cpu` (they
+    check what a machine without a GPU shows) with one. The marker's argument names their kind."""
+    other = "cpu" if ON_GPU else "gpu"
+    kept, left_out = [], []
     for item in items:
-        (gpu_only if item.get_closest_marker("gpu") is not None else kept).append(item)
-    if not gpu_only:
+        (left_out if item.get_closest_marker(other) is not None else kept).append(item)
+    if not left_out:
         return
     kinds = Counter()
-    for item in gpu_only:
-        args = item.get_closest_marker("gpu").args
+    for item in left_out:
+        args = item.get_closest_marker(other).args
         kinds[args[0] if args else "other"] += 1
     config.stash[_NOT_COLLECTED] = kinds
-    config.hook.pytest_deselected(items=gpu_only)
+    config.hook.pytest_deselected(items=left_out)
     items[:] = kept
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if ON_GPU:
-        return
     kinds = config.stash.get(_NOT_COLLECTED, Counter())
+    if ON_GPU:
+        parts = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
+        terminalreporter.write_line(f"tutorial_kernels: {sum(kinds.values())} tests check a machine without a GPU "
+                                    f"and were not collected here" + (f" ({parts})" if parts else ""))
+        return
     parts = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
     terminalreporter.write_line(
         f"tutorial_kernels: {sum(kinds.values())} tests need a CUDA GPU and were not collected here"

@@ -20,9 +20,13 @@ _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
 def _folder(variable: str, default: Path, what: str) -> Path:
-    path = Path(os.environ[variable]) if os.environ.get(variable) else default
+    if os.environ.get(variable):
+        path = Path(os.environ[variable])
+    else:  # the checkout's folder; an installed package has none (a stray site-packages/data is not it)
+        path = default if repository_root() is not None else Path("/nonexistent") / default.name
     if not path.is_dir():
-        source = f"{variable}={os.environ[variable]!r}" if os.environ.get(variable) else f"the default {default}"
+        source = (f"{variable}={os.environ[variable]!r}" if os.environ.get(variable)
+                  else f"the default {default}" if repository_root() is not None else "no checkout around the package")
         raise FileNotFoundError(
             f"{what}: {source} is not a directory; run from a checkout of the repository, or set "
             f"{variable} to its {default.name}/ folder"

@@ -78,6 +78,18 @@ def require_recording() -> None:
         raise TimelineUnavailable(reason)
 
 
+def check_trace(trace: object, n_programs: int, device: torch.device) -> None:
+    """Raise unless `trace` is what `new_trace(n_programs)` makes on `device` (every program writes its
+    row: a smaller buffer would be written past its end), or recording cannot run here."""
+    require_recording()
+    if not (isinstance(trace, torch.Tensor) and trace.dtype == torch.int64 and trace.device == device
+            and trace.is_contiguous() and tuple(trace.shape) == (n_programs, 3)):
+        got = (f"{type(trace).__name__} {tuple(trace.shape)} {trace.dtype} on {trace.device}"
+               if isinstance(trace, torch.Tensor) else f"{type(trace).__name__} {trace!r}")
+        raise ValueError(f"trace must be new_trace({n_programs}) (a contiguous ({n_programs}, 3) int64 tensor on "
+                         f"{device}: one row per program), got {got}")
+
+
 def new_trace(n_programs: int, device: torch.device | str = "cuda") -> torch.Tensor:
     """An (n_programs, 3) int64 buffer for (SM, start ns, end ns), filled with -1 so a missing row shows."""
     if n_programs < 1:

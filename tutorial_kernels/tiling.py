@@ -3,9 +3,9 @@
 Causal attention here is bottom-right aligned (chapter 2): query i sees key j when
 j ≤ i + (n_k − n_q). Cut the scores into tiles and every tile is one of three kinds: wholly
 visible (no mask needed), crossing the diagonal or the end of the keys (masked), or wholly hidden
-(never visited). The two `@triton.jit` helpers below draw that map for a query tile (the forward
-and dQ loops, chapters 5 and 6) and for a key tile (FlashAttention-1's loop and dK/dV,
-chapters 4 and 6); `key_stages` and `query_stages` are the same arithmetic in Python, for the
+(never visited). The two `@triton.jit` helpers below draw that map for a query tile (the dQ loop
+of chapter 6; chapter 5's forward writes the same lines out) and for a key tile (FlashAttention-1's
+loop and dK/dV, chapters 4 and 6); `key_stages` and `query_stages` are the same arithmetic in Python, for the
 byte models, the schedules the pages draw, and the tests that compare the two.
 """
 
@@ -17,7 +17,6 @@ import triton.language as tl
 from tutorial_kernels.runtime import interpreter_active
 
 LOG2_E = 1.4426950408889634  # log₂ e: e^x = 2^(x·log₂e), and exp2 is one instruction (MUFU.EX2)
-LN_2 = 0.6931471805599453  # ln 2: back from log₂ units, log x = log₂ x · ln 2
 
 # Triton's interpreter runs programs one after another, at a cost that grows with programs × loop
 # steps: on the CPU every kernel gets these small tiles.
@@ -33,7 +32,7 @@ def to_log2_units(x):
 @triton.jit
 def from_log2_units(x):
     """x · ln 2: back from log₂ units to natural-log units."""
-    return x * 0.6931471805599453  # LN_2
+    return x * 0.6931471805599453  # ln 2
 
 
 def head_dim_block(head_dim: int) -> int:

@@ -14,6 +14,7 @@ Layers, bottom to top (README, "Layout"); a module imports only from its own lay
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -63,24 +64,72 @@ def _resolve(name: str) -> str | None:
     return name.removeprefix("tutorial_kernels").removeprefix(".")
 
 
-def imports(module: str) -> list[tuple[str, str | None, int]]:
-    """(imported module, imported name or None, line) for every import of the package's own modules,
-    at any depth of the file (imports inside functions count: they are cycles all the same)."""
-    tree = ast.parse(MODULES[module].read_text(encoding="utf-8"))
-    found = []
+def _package_of(module: str, is_package: bool) -> str:
+    """The package a module's relative imports start from, as a dotted name."""
+    full = f"tutorial_kernels.{module}".rstrip(".")
+    return full if is_package else full.rsplit(".", 1)[0]
+
+
+def analyse(source: str, module: str, is_package: bool = False) -> tuple[list, list]:
+    """(imports, private uses) of one module's source, at any depth of the file (imports inside
+    functions count: they are cycles all the same).
+
+    imports: (imported module, imported name or None, line) for every import of the package's own
+    modules: absolute, relative, or by `importlib.import_module("tutorial_kernels.…")`/`__import__`.
+    private uses: (line, "module._name") for every private name of ANOTHER module that is imported or
+    reached through an attribute (`m._x` after `import … as m`, `tutorial_kernels.m._x`)."""
+    tree = ast.parse(source)
+    found, private = [], []
+    aliases: dict[str, str] = {}  # local name → the package module it is bound to
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(target, None, node.lineno) for a in node.names if (target := _resolve(a.name)) is not None]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            if (target := _resolve(node.module)) is None:
+            for a in node.names:
+                if (target := _resolve(a.name)) is not None:
+                    found.append((target, None, node.lineno))
+                    aliases[a.asname or a.name.split(".")[0]] = target if a.asname else ""
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = importlib.util.resolve_name("." * node.level + base, _package_of(module, is_package))
+            if (target := _resolve(base)) is None:
                 continue
             for a in node.names:
                 submodule = f"{target}.{a.name}".strip(".")
                 if submodule in MODULES:  # `from tutorial_kernels import ch05_flash_v2`
                     found.append((submodule, None, node.lineno))
+                    aliases[a.asname or a.name] = submodule
                 else:
                     found.append((target, a.name, node.lineno))
-    return found
+                    if a.name.startswith("_") and target != module:
+                        private.append((node.lineno, f"{target}.{a.name}"))
+        elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)
+              and ((isinstance(node.func, ast.Attribute) and node.func.attr == "import_module")
+                   or (isinstance(node.func, ast.Name) and node.func.id in ("import_module", "__import__")))):
+            if (target := _resolve(node.args[0].value)) is not None:
+                found.append((target, None, node.lineno))
+    for node in ast.walk(tree):  # attribute chains rooted at a name bound to a package module
+        if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+            continue
+        chain, base = [], node.value
+        while isinstance(base, ast.Attribute):
+            chain.append(base.attr)
+            base = base.value
+        if not isinstance(base, ast.Name) or base.id not in aliases:
+            continue
+        owner = ".".join(filter(None, [aliases[base.id], *reversed(chain)]))
+        if owner in MODULES and owner != module:
+            private.append((node.lineno, f"{owner}.{node.attr}"))
+    return found, private
+
+
+def _analysed(module: str) -> tuple[list, list]:
+    path = MODULES[module]
+    return analyse(path.read_text(encoding="utf-8"), module, path.name == "__init__.py")
+
+
+def imports(module: str) -> list[tuple[str, str | None, int]]:
+    return _analysed(module)[0]
 
 
 def test_every_module_has_a_layer():
@@ -91,36 +140,33 @@ def test_every_module_has_a_layer():
 @pytest.mark.parametrize("module", sorted(MODULES), ids=lambda m: m or "__init__")
 def test_imports_go_down_the_layers_and_name_nothing_private(module):
     mine = LAYERS.index(layer(module))
-    for target, name, line in imports(module):
+    found, private = _analysed(module)
+    for target, _, line in found:
         where = f"tutorial_kernels.{module or '__init__'}:{line}"
         assert LAYERS.index(layer(target)) <= mine, (
             f"{where} imports tutorial_kernels.{target} ({layer(target)}) from the lower layer {layer(module)}")
         if target.startswith("ch0") and module.startswith("ch0"):
             assert target[:4] <= module[:4], f"{where}: chapter {module} imports the later chapter {target}"
-        owner = target.split(".")[0] if target else ""
-        if name is not None and name.startswith("_") and not module.startswith(owner or "\0"):
-            pytest.fail(f"{where} imports the private name {name} of tutorial_kernels.{target}")
+    assert not private, f"tutorial_kernels.{module or '__init__'} uses private names of other modules: " + ", ".join(
+        f"line {line}: {name}" for line, name in private)
 
 
-def test_no_private_attribute_of_another_module_is_used():
-    """`import tutorial_kernels.x as m` then `m._name`: a private name used from outside all the same."""
-    for module, path in MODULES.items():
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        aliases = {}
-        for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module and _resolve(node.module) is not None:
-                for a in node.names:
-                    if f"{_resolve(node.module)}.{a.name}".strip(".") in MODULES:
-                        aliases[a.asname or a.name] = f"{_resolve(node.module)}.{a.name}".strip(".")
-            elif isinstance(node, ast.Import):
-                for a in node.names:
-                    if _resolve(a.name) is not None and a.asname:
-                        aliases[a.asname] = _resolve(a.name)
-        for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
-                    and node.attr.startswith("_") and not node.attr.startswith("__")):
-                pytest.fail(f"tutorial_kernels.{module}:{node.lineno} uses {node.value.id}.{node.attr}, a private "
-                            f"name of tutorial_kernels.{aliases[node.value.id]}")
+def test_the_checks_catch_planted_violations():
+    """Each way of reaching past a layer or a private name is seen (sources planted, not files)."""
+    planted = {
+        "from .ch05_flash_v2 import _prepare": ("ch05_flash_v2", "ch05_flash_v2._prepare"),
+        "from tutorial_kernels.perf.descriptors import _scratch": ("perf.descriptors", "perf.descriptors._scratch"),
+        "import tutorial_kernels.ch05_flash_v2\nx = tutorial_kernels.ch05_flash_v2._prepare":
+            ("ch05_flash_v2", "ch05_flash_v2._prepare"),
+        "from tutorial_kernels import ch05_flash_v2 as c\nx = c._prepare": ("ch05_flash_v2", "ch05_flash_v2._prepare"),
+        "import importlib\nimportlib.import_module('tutorial_kernels.figures')": ("figures", None),
+    }
+    for source, (target, private_name) in planted.items():
+        found, private = analyse(source, "tiling")
+        assert target in {t for t, _, _ in found}, source
+        assert private_name is None or private_name in {name for _, name in private}, source
+    assert LAYERS.index(layer("ch05_flash_v2")) > LAYERS.index(layer("tiling"))  # so the first is an upward import
+    assert analyse("from tutorial_kernels.tiling import _x", "tiling")[1] == []  # a module's own privates
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
@@ -166,7 +212,32 @@ def test_modules_stay_small(module):
     assert lines <= MAX_LINES, f"tutorial_kernels.{module} has {lines} lines (> {MAX_LINES}): split it by concept"
 
 
-def test_chapters_declare_their_public_api():
+def test_chapters_declare_their_public_api_and_hold_only_their_lesson():
+    """A chapter has an `__all__` of names it defines, and no command line, data files or provenance:
+    recording and measuring belong to instruments/ and bench/."""
     for module, path in MODULES.items():
-        if layer(module) == "chapters":
-            assert "__all__" in path.read_text(encoding="utf-8"), f"tutorial_kernels.{module} defines no __all__"
+        if layer(module) != "chapters":
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        defined, exported = set(), None
+        for node in tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        defined.add(t.id)
+                        if t.id == "__all__":
+                            exported = ast.literal_eval(node.value)
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined.update((a.asname or a.name).split(".")[0] for a in node.names)
+        assert exported, f"tutorial_kernels.{module} assigns no __all__"
+        missing = set(exported) - defined
+        assert not missing, f"tutorial_kernels.{module}.__all__ names what it does not define: {sorted(missing)}"
+        assert "main" not in defined, f"tutorial_kernels.{module} defines main(): commands live in instruments/ or bench/"
+        for target, _, line in imports(module):
+            assert target not in ("paths", "provenance"), (
+                f"tutorial_kernels.{module}:{line} imports {target}: writing data files belongs to instruments/ or bench/")
+        imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "argparse" not in imported, f"tutorial_kernels.{module} parses a command line"

@@ -12,7 +12,7 @@ import torch
 
 from tutorial_kernels.bench import PROVIDERS, SUITES, Shape, TrainingShape, measure_subset, take_turns
 from tutorial_kernels.paths import data_dir
-from tutorial_kernels.testing import ON_GPU, grad_tolerance
+from tutorial_kernels.testing import grad_tolerance
 
 DATA_FILES = sorted(data_dir().glob("*.json"))
 PROVENANCE_KEYS = {"gpu", "sm_count", "torch", "triton", "cuda", "date_utc", "git_commit", "command"}
@@ -67,7 +67,7 @@ def test_every_suite_names_known_providers():
         assert suite.shapes, name
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the message shown on a machine without a GPU")
+@pytest.mark.cpu("the message shown without a GPU")
 def test_refuses_to_run_without_a_gpu():
     run = subprocess.run([sys.executable, "-m", "tutorial_kernels.bench", "ch02-seed"], capture_output=True, text=True)
     assert run.returncode == 2

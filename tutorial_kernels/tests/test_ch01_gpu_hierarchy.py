@@ -231,7 +231,7 @@ def test_timeline_from_trace_rejects_missing_rows():
     assert run.start_ns == [0, 100, 500] and run.end_ns == [1000, 1100, 1500] and run.meta == {"grid": 3}
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the message given where programs cannot be traced")
+@pytest.mark.cpu("the message shown without a GPU")
 def test_recording_degrades_gracefully_without_a_gpu():
     assert "interpreter" in recorder.unavailable_reason()
     with pytest.raises(recorder.TimelineUnavailable, match=r"needs a CUDA GPU"):

@@ -52,7 +52,7 @@ def test_the_default_corpus_is_the_repositorys_own_prose():
     assert corpus.vocab_size > 50 and len(corpus.data) > 100_000
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on a machine without a GPU")
+@pytest.mark.cpu("the message shown without a GPU")
 def test_training_comparison_refuses_to_run_without_a_gpu():
     import subprocess
     import sys

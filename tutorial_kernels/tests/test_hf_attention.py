@@ -358,7 +358,7 @@ def test_paired_ratio_finds_a_small_lead_under_a_larger_drift():
     assert c["verdict"] == "faster" and c["high"] < 0.996 and c["ratio"] == pytest.approx(0.995, abs=1e-4)
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the refusal on a machine without a GPU")
+@pytest.mark.cpu("the message shown without a GPU")
 def test_prefill_benchmark_refuses_without_a_gpu(capsys):
     from tutorial_kernels.integrations.prefill import main
 

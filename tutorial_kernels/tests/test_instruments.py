@@ -1,6 +1,7 @@
 """Instruments: the byte models of chapters 4 and 5, and the timelines of FlashAttention-1 and -2."""
 
 import pytest
+import torch
 
 from tutorial_kernels.ch02_naive_attention import naive_hbm_bytes
 from tutorial_kernels.instruments.hbm_model import flash_v1_hbm_bytes, flash_v2_hbm_bytes, naive_kernel_bytes
@@ -56,7 +57,22 @@ def test_timeline_fills_the_gpu_where_flash_attention_1_cannot():
     assert all(e > s for s, e in zip(fa2.start_ns, fa2.end_ns))
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the message shown without a GPU")
+@pytest.mark.cpu("the message shown without a GPU")
 def test_timeline_says_why_it_cannot_run_here():
     with pytest.raises(TimelineUnavailable, match="needs a CUDA GPU"):
         flash_v2_timeline(1, 8, 256, 64)
+
+
+def test_a_trace_buffer_is_checked_before_a_launch():
+    from tutorial_kernels.ch04_flash_v1 import flash_attn_v1_with_stats
+    from tutorial_kernels.ch05_flash_v2 import flash_attn_v2
+    from tutorial_kernels.testing import random_qkv
+
+    x = random_qkv(1, 2, 40, 40, 32, torch.float32)
+    for call in (lambda t: flash_attn_v2(x.q, x.k, x.v, trace=t), lambda t: flash_attn_v1_with_stats(x.q, x.k, x.v, trace=t)):
+        if ON_GPU:
+            with pytest.raises(ValueError, match=r"trace must be new_trace\(2\)"):
+                call(torch.zeros(1, 3, dtype=torch.int64, device=x.q.device))  # one row short: would be overrun
+        else:
+            with pytest.raises(TimelineUnavailable, match="needs a CUDA GPU"):
+                call("x")

@@ -12,7 +12,6 @@ import triton
 from tutorial_kernels import ch05_flash_v2 as ch05
 from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
-from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
 
 # A remembered launch replays a compiled kernel: GPU only (Triton's interpreter compiles nothing, so
@@ -46,7 +45,7 @@ def test_keys_separate_what_the_checks_and_the_specialisation_tell_apart():
     assert attention_call_key(q, k, v, "out", True, None) is None
 
 
-@pytest.mark.skipif(not interpreter_active(), reason="checks the interpreter's behaviour (no GPU here to skip it)")
+@pytest.mark.cpu("the interpreter's behaviour")
 def test_nothing_is_remembered_under_the_interpreter():
     q, k, v, seed = _inputs(1, 2, 40, 32, torch.float32)
     for _ in range(3):

@@ -5,7 +5,6 @@ import torch
 
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention
 from tutorial_kernels.runtime import INTERPRET_VARIABLE, default_device
-from tutorial_kernels.testing import ON_GPU
 from tutorial_kernels.validation import UnsupportedShape
 
 DEVICE = default_device()
@@ -99,7 +98,7 @@ def test_out_buffer_is_checked():
         naive_attention(q, k, v, out=torch.empty(1, 2, 16, 8, device=DEVICE).transpose(2, 3))
 
 
-@pytest.mark.skipif(ON_GPU, reason="checks the CPU paths (interpreter off, bf16 under the interpreter)")
+@pytest.mark.cpu("the interpreter's behaviour")
 def test_cpu_tensors_without_the_interpreter(monkeypatch):
     q, k, v = qkv()
     monkeypatch.setenv(INTERPRET_VARIABLE, "0")
@@ -108,7 +107,7 @@ def test_cpu_tensors_without_the_interpreter(monkeypatch):
     assert eager_attention(q, k, v).shape == q.shape  # plain PyTorch runs anywhere
 
 
-@pytest.mark.skipif(ON_GPU, reason="bfloat16 is refused only under the interpreter")
+@pytest.mark.cpu("the interpreter's behaviour")
 def test_bf16_under_the_interpreter_is_refused_not_wrong():
     q, k, v = qkv(dtype=torch.bfloat16)
     with pytest.raises(TypeError, match=r"q, k and v: dtype torch.bfloat16 is not supported under Triton's interpreter"):
