@@ -11,8 +11,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _layout_rows() -> list[str]:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
-    table = text.split("## Layout", 1)[1].split("\n## ", 1)[0]
-    return [line for line in table.splitlines() if line.startswith("| `")]
+    rows, started = [], False
+    for line in text.split("## Layout", 1)[1].splitlines():  # the section's first table
+        if line.startswith("|"):
+            started = True
+            rows.append(line)
+        elif started:
+            break
+    return [line for line in rows if line.startswith("| `")]
 
 
 def _named_paths() -> set[str]:
