@@ -99,7 +99,7 @@ def attention_cases(head_dims: tuple[int, ...] = HEAD_DIMS) -> list[Case]:
     On the GPU: every sequence length × every head_dim at batch 2 × 3 heads, plus longer and unequal
     lengths. Under the interpreter, whose cost grows with programs × loop steps, a covering subset at
     batch × heads = 2 (batch 2 or 2 heads, so both strides are exercised): every length but 257 at
-    d = 64, every head_dim at n = 40, and n_q ≠ n_k both ways (one query against 257 keys; 129 queries,
+    d = 64, every head_dim at n = 70, and n_q ≠ n_k both ways (one query against 257 keys; 129 queries,
     one past a tile, against 65 keys), so that every kernel still crosses several tiles, ends on a
     ragged one and (causal, n_q > n_k) has rows that see no key.
     """
@@ -109,6 +109,6 @@ def attention_cases(head_dims: tuple[int, ...] = HEAD_DIMS) -> list[Case]:
         longer = [Case(2, 4, 1000, 1000, 64), Case(1, 8, 2048, 2048, 128), Case(1, 4, 1024, 3000, 80)]
         return grid + unequal + longer
     by_length = [Case(2, 1, 1, 1, 64), Case(1, 2, 17, 17, 64), Case(2, 1, 100, 100, 64), Case(1, 2, 128, 128, 64)]
-    by_dim = [Case(2, 1, 40, 40, d) for d in head_dims if d != 64]
+    by_dim = [Case(2, 1, 70, 70, d) for d in head_dims if d != 64]  # 70: past a 64-row tile, ragged
     unequal = [Case(1, 2, 17, 100, 64), Case(2, 1, 100, 17, 64), Case(1, 2, 1, 257, 80), Case(1, 2, 129, 65, 32)]
     return by_length + by_dim + unequal

@@ -121,7 +121,8 @@ def _tuned_cases() -> list[Case]:
     On the CPU the tuned launcher runs the interpreter's one tile, through its own launch path."""
     if ON_GPU:
         return [Case(2, 3, 17, 17, 128), Case(2, 4, 100, 1000, 80), Case(1, 2, 300, 300, 256)]
-    return [Case(2, 1, 1, 1, 64), Case(1, 2, 100, 17, 48), Case(2, 1, 40, 130, 256)]
+    return [Case(2, 1, 1, 1, 64), Case(1, 2, 100, 17, 48), Case(1, 2, 70, 45, 80), Case(1, 1, 33, 70, 72),
+            Case(2, 1, 40, 130, 256)]
 
 
 def _tuned_backward_cases() -> list[Case]:
