@@ -1,5 +1,10 @@
-"""Put Plotly figures on pages: a line `<!-- figure: NAME -->` becomes the figure `NAME` from
+"""Put figures on pages: a line `<!-- figure: NAME -->` becomes the figure `NAME` from
 `tutorial_kernels.figures` (the registry the notebooks draw from too, so page and notebook agree).
+
+A plot becomes `<div class="plotly-figure">` holding the Plotly div (and the script that fits it to a
+narrow screen), then its notes and a collapsed "How this was measured"; a table becomes an HTML
+`<table>` in a `div.figure-table` (id `figure-NAME` either way). A page with figures gets the few CSS
+rules of `tutorial_kernels.figures.FIGURE_CSS` once, in a `<style>` before its content.
 
 The figure HTML is not pasted into the Markdown: Python-Markdown passes raw HTML through
 untouched only at column 0, not inside an admonition or a tab. So `on_page_markdown` turns the
@@ -82,11 +87,14 @@ def on_page_markdown(markdown: str, page, config, files) -> str:
 
 def on_page_content(html: str, page, config, files) -> str:
     def figure(m: re.Match) -> str:
+        figures = _figures()
         name = bytes.fromhex(m["hex"]).decode()
         try:
-            body = _figures().figure_html(name)
+            drawing = figures.build(name)
+            body = figures.drawing_html(drawing, name)
         except Exception as error:
             raise PluginError(f"docs/{page.file.src_uri}: drawing figure {name!r} failed: {error!r}") from error
-        return f'<div class="plotly-figure">{body}</div>'
+        return body if figures.is_table(drawing) else f'<div class="plotly-figure">{body}</div>'
 
-    return PLACEHOLDER.sub(figure, html)
+    html, count = PLACEHOLDER.subn(figure, html)
+    return f"<style>{_figures().FIGURE_CSS}</style>\n{html}" if count else html

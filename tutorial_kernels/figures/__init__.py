@@ -7,8 +7,10 @@ build hook replaces it with `figure_html(NAME)`; a notebook draws the same figur
 The modules, from the bottom up (each imports only from the layers below it, and a page module
 from earlier pages):
 
-- `registry` (the names: `figure`, `build`, `figure_html`, `show`), `rows` (data files and their
-  rows), `style` (colours, titles with provenance, tables);
+- `runs` (provenance: the short line under a title, the full record, commands with today's paths),
+  `tables` (HTML tables and the caption under a figure), `responsive` (a figure's layout on a narrow
+  screen), `rows` (data files and their rows), `style` (colours, the template, titles, the meta a
+  figure carries for its caption), `registry` (the names: `figure`, `build`, `figure_html`, `show`);
 - `timelines` (SM timelines) and `ratios` (our best kernel against torch's backends): drawings
   shared by several pages;
 - one module per page, holding the figures that page shows first: `ch01` … `ch06`, `benchmarks`,
@@ -22,13 +24,25 @@ from tutorial_kernels.figures import benchmarks, ch01, ch02, ch03, ch04, ch05, c
 from tutorial_kernels.figures.ch01 import reduction_bandwidth
 from tutorial_kernels.figures.ch02 import memory_vs_n, probability_heatmap, seed_speedup, time_vs_n
 from tutorial_kernels.figures.ch04 import hbm_totals
-from tutorial_kernels.figures.registry import FIGURES, build, figure, figure_html, show
+from tutorial_kernels.figures.registry import (
+    FIGURES,
+    build,
+    drawing_html,
+    figure,
+    figure_html,
+    is_table,
+    provenance,
+    show,
+)
 from tutorial_kernels.figures.rows import load_data
-from tutorial_kernels.figures.style import provenance_line
+from tutorial_kernels.figures.runs import provenance_line
+from tutorial_kernels.figures.style import PROVIDER_COLOURS, colour_clashes
+from tutorial_kernels.figures.tables import FIGURE_CSS, Table, Tabs
 from tutorial_kernels.figures.timelines import timeline_figure
 
 __all__ = [
-    "FIGURES", "build", "figure", "figure_html", "show", "load_data", "provenance_line",
+    "FIGURES", "build", "figure", "figure_html", "drawing_html", "is_table", "provenance", "show", "load_data",
+    "provenance_line", "PROVIDER_COLOURS", "colour_clashes", "FIGURE_CSS", "Table", "Tabs",
     # the figures notebooks draw with their own data or with the reader's measurements
     "hbm_totals", "memory_vs_n", "probability_heatmap", "reduction_bandwidth", "seed_speedup", "time_vs_n",
     "timeline_figure",

@@ -3,7 +3,8 @@
 - `bench-tflops`: TFLOP/s against N, one line per provider, four dropdowns (pass, head dimension,
   causal, dtype) and the fp16 matmul ceiling of the same run;
 - `bench-ratios`: our best kernel as a multiple of torch's cuDNN and flash backends, cell by cell,
-  with the cells below the project's bars flagged (`tutorial_kernels.figures.ratios`).
+  with the cells below the project's bars flagged (`tutorial_kernels.figures.ratios`): an HTML table
+  per pass, in tabs.
 
 They read data/ch05_fwd.json (`python -m tutorial_kernels.bench ch05-fwd`, forward rows) and
 data/ch06_bwd.json (`ch06-bwd`, backward rows, "mode": "bwd"), and work with whatever subset of cells
@@ -19,10 +20,30 @@ import math
 
 import plotly.graph_objects as go
 
-from tutorial_kernels.figures.ratios import BAR_MIN_N, BARS, PASSES, below_bar, ratio_rows, ratio_table
+from tutorial_kernels.figures.ratios import (
+    BAR_MIN_N,
+    BARS,
+    HOW_TO_READ,
+    PASSES,
+    below_bar,
+    ratio_rows,
+    ratio_table,
+)
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_optional, ok_rows, provider_keys, provider_label, run_ceiling
-from tutorial_kernels.figures.style import TORCH_PROVIDERS, bench_colour, ordered_providers, provenance_line
+from tutorial_kernels.figures.runs import file_lines, file_runs, short_line
+from tutorial_kernels.figures.style import (
+    CEILING_LINE,
+    SUBTITLE_WIDTH,
+    add_notes,
+    line_count,
+    measured_layout,
+    ordered_providers,
+    provider_line,
+    set_narrow,
+    wrap,
+)
+from tutorial_kernels.figures.tables import Tabs
 
 
 def _pass_data(fwd, bwd) -> dict[str, dict]:
@@ -43,15 +64,11 @@ def _missing_note(passes: dict[str, dict]) -> str:
                      f"<i>python -m tutorial_kernels.bench {v['suite']}</i>)" for p, v in PASSES.items() if p not in passes)
 
 
-def _provenance(passes: dict[str, dict]) -> str:
-    """Each file's provenance (`provenance_line`), and how many earlier --append runs it holds."""
-    lines = []
-    for p, data in passes.items():
-        earlier = len(data.get("earlier_runs", []))
-        extra = f" · and {earlier} earlier run{'s' if earlier > 1 else ''} (--append)" if earlier else ""
-        partial = "" if data.get("complete", True) else " · <b>partial run</b>"
-        lines.append(f"<b>{p}</b>: {provenance_line(data)}{extra}{partial}")
-    return "<br>".join(lines)
+def _partial_note(passes: dict[str, dict]) -> str:
+    """Which files hold a run that stopped before the end of its suite."""
+    partial = [p for p, data in passes.items() if not data.get("complete", True)]
+    return f"Partial run: the {' and '.join(partial)} file{'s' if len(partial) > 1 else ''} did not finish its suite." \
+        if partial else ""
 
 
 def config_text(config: dict | None) -> str:
@@ -79,24 +96,16 @@ def _run_text(data: dict, row: dict) -> str:
     if row.get("run") is None:
         return ""
     p = data["earlier_runs"][row["run"]]["provenance"]
-    return f" · measured {p['date_utc'][:10]}, commit {p['git_commit'][:8]}"
-
-
-def _wrap(items: list[str], width: int = 150) -> str:
-    """Join `items` with '; ', breaking lines (<br>) before `width` characters of text."""
-    lines, line = [], ""
-    for item in items:
-        if line and len(line) + len(item) + 2 > width:
-            lines.append(line + ";")
-            line = item
-        else:
-            line = f"{line}; {item}" if line else item
-    return "<br>".join(lines + [line])
+    return f"<br>measured {p['date_utc'][:10]}, commit {p['git_commit'][:7]}"
 
 
 # --- TFLOP/s vs N, with menus -----------------------------------------------------------------
 
 DIMS = ("pass", "head_dim", "causal", "dtype")
+MENU_X = (0, 0.25, 0.5, 0.75)  # the four menus in a row, over the plot's width (two rows of two on a phone)
+MENU_ROW_PX = 38
+NOTE_LINE_PX = 17
+WIDE_NOTE_WIDTH = 120  # characters per line of the note under the menus, on a laptop
 
 
 def _option_label(dim: str, value) -> str:
@@ -123,7 +132,8 @@ def _options(states: list[tuple], s: tuple, dim: int) -> list:
     return sorted({t[dim] for t in states if t[0] == s[0]}, key=lambda v: (str(type(v)), v))
 
 
-def _state_menus(states: list[tuple], traces: dict[tuple, list[int]], notes: dict[tuple, int]) -> list[dict]:
+def _state_menus(states: list[tuple], traces: dict[tuple, list[int]], notes: dict[tuple, int],
+                 above_menus: int) -> list[dict]:
     """Four dropdowns (pass, head dimension, causal, dtype) that act together, without JavaScript.
 
     A plotly button sets fixed arguments: it cannot read what the other menus show. So there is one set
@@ -154,9 +164,20 @@ def _state_menus(states: list[tuple], traces: dict[tuple, list[int]], notes: dic
                                     args=[{"visible": [False] * len(hidden) + [True] * len(shown)}, relayout,
                                           hidden + shown]))
             menus.append(dict(buttons=buttons, active=values.index(s[dim]), visible=s == states[0],
-                              type="dropdown", direction="down", showactive=True, x=0.23 * dim, xanchor="left",
-                              y=1.0, yanchor="bottom", pad=dict(t=0, b=26), font=dict(size=12)))
+                              type="dropdown", direction="down", showactive=True, x=MENU_X[dim], xanchor="left",
+                              y=1.0, yanchor="bottom", pad=dict(t=0, b=above_menus), font=dict(size=12)))
     return menus
+
+
+def _narrow_menus(menus: list[dict], above_menus: int) -> dict:
+    """On a narrow screen the four menus of each state stand in two rows of two: pass and head
+    dimension above, causal and dtype below (relayout keys for `style.set_narrow`)."""
+    out = {}
+    for i in range(len(menus)):
+        dim = i % len(DIMS)
+        out[f"updatemenus[{i}].x"] = 0 if dim % 2 == 0 else 0.5
+        out[f"updatemenus[{i}].pad.b"] = above_menus + (MENU_ROW_PX if dim < 2 else 0)
+    return out
 
 
 @figure("bench-tflops")
@@ -202,21 +223,20 @@ def bench_tflops(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
             fig.add_trace(go.Scatter(
                 # rounded past what the hover shows: the figure is inlined in the page
                 x=[r["n"] for r in rows], y=[round(r["tflops"], 1) for r in rows], mode="lines+markers",
-                name=provider_label(data, key), visible=s == states[0],
-                line=dict(color=bench_colour(key), dash="dash" if key in TORCH_PROVIDERS else "solid"),
+                name=provider_label(data, key), visible=s == states[0], line=provider_line(key),
                 customdata=[[float(f"{r['ms']:.4g}"), round(r.get("peak_extra_mib", float("nan")), 1),
-                             (" · " + config_text(r["config"])) if r.get("config") else "", _run_text(data, r)]
-                            for r in rows],
-                hovertemplate="%{y:.0f} TFLOP/s · %{customdata[0]:.3f} ms · peak %{customdata[1]:,.0f} MiB"
-                              "%{customdata[2]}%{customdata[3]}",
+                             ("<br>" + config_text(r["config"]).replace("; ", "<br>")) if r.get("config") else "",
+                             _run_text(data, r)] for r in rows],
+                # a few short lines per point: the box stays narrower than a phone's screen
+                hovertemplate="%{fullData.name}<br>N = %{x}: <b>%{y:.0f} TFLOP/s</b>, %{customdata[0]:.3f} ms<br>"
+                              "peak %{customdata[1]:,.0f} MiB%{customdata[2]}%{customdata[3]}<extra></extra>",
             ))
         ceiling = run_ceiling(data, cell_rows)
         highest = max(highest, ceiling)
         traces[s].append(len(fig.data))
         fig.add_trace(go.Scatter(
             x=[10 ** x_range[0], 10 ** x_range[1]], y=[ceiling, ceiling], mode="lines", visible=s == states[0],
-            name=f"fp16 matmul ceiling (torch.matmul 8192³, same run): {ceiling:.0f} TFLOP/s",
-            line=dict(color="black", dash="dot", width=1.5), hoverinfo="skip",
+            name=f"fp16 matmul ceiling, same run: {ceiling:.0f} TFLOP/s", line=CEILING_LINE, hoverinfo="skip",
         ))
         failed = [r for r in data["results"] if r["status"] != "ok" and all(r[k] == v for k, v in cell.items())]
         by_provider: dict[str, list[str]] = {}
@@ -225,79 +245,62 @@ def bench_tflops(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
         items = [f"{what} at N = {', '.join(ns)}" for what, ns in by_provider.items()]
         measured = {r["provider_key"] for r in data["results"] if all(r[k] == v for k, v in cell.items())}
         items += [f"{provider_label(data, k)}: not measured in this cell" for k in ordered_providers(provider_keys(data)) if k not in measured]
-        notes_text[s] = ("not on the lines: " + _wrap(items, 140)) if items else "every measured provider ran at every N shown"
+        notes_text[s] = "not on the lines: " + "; ".join(items) if items else "every measured provider ran at every N shown"
 
-    # one note per state, shown with its state; then the menus, which refer to the notes by index
-    missing = _missing_note(passes)
+    # One note per state, under the menus, shown with its state (the menus refer to the notes by index);
+    # wrapped for a laptop's width, and for a phone's in the narrow layout, with room for the tallest.
     notes = {}
+    wide_notes = {s: wrap(t, WIDE_NOTE_WIDTH) for s, t in notes_text.items()}
+    narrow_notes = {s: wrap(t, SUBTITLE_WIDTH) for s, t in notes_text.items()}
+    above_menus = 8 + NOTE_LINE_PX * max(line_count(t) for t in wide_notes.values())
+    above_narrow = 8 + NOTE_LINE_PX * max(line_count(t) for t in narrow_notes.values())
+    narrow = {}
     for s in states:
         notes[s] = len(fig.layout.annotations)
-        fig.add_annotation(text=notes_text[s], visible=s == states[0], xref="paper", yref="paper", x=0, y=1.0,
-                           xanchor="left", yanchor="bottom", showarrow=False, align="left", font=dict(size=11))
-    if missing:
-        fig.add_annotation(text=missing, xref="paper", yref="paper", x=1, y=1.0, xanchor="right", yanchor="top",
-                           showarrow=False, align="right", font=dict(size=11, color="#b71c1c"),
-                           bgcolor="rgba(255,255,255,0.8)")
-    fig.update_layout(updatemenus=_state_menus(states, traces, notes))
+        fig.add_annotation(text=wide_notes[s], visible=s == states[0], xref="paper", yref="paper", x=0, y=1.0,
+                           xanchor="left", yanchor="top", showarrow=False, align="left", yshift=above_menus - 6)
+        narrow[f"annotations[{notes[s]}].text"] = narrow_notes[s]
+        narrow[f"annotations[{notes[s]}].yshift"] = above_narrow - 6
+    menus = _state_menus(states, traces, notes, above_menus)
+    fig.update_layout(updatemenus=menus)
+    add_notes(fig, _missing_note(passes), _partial_note(passes))
     fig.update_xaxes(type="log", range=x_range, tickvals=lengths, ticktext=[str(n) for n in lengths],
-                     title="sequence length N (batch B = 16384 / N, heads H = 2048 / d)",
-                     unifiedhovertitle=dict(text="N = %{x}"))
+                     title="sequence length N (batch B = 16384 / N, heads H = 2048 / d)")
     fig.update_yaxes(title="TFLOP/s (4·B·H·N²·d, ×½ causal, ×2.5 backward)", range=[0, 1.08 * highest])
-    provenance = _provenance(passes)
-    top = 130 + 20 * provenance.count("<br>")  # the title's lines, the menus and the note above the plot
-    fig.update_layout(
-        title=dict(text="Every attention of the tutorial against torch: throughput vs N"
-                        f"<br><sup>{provenance}</sup>", font=dict(size=15),
-                   yref="container", y=1, yanchor="top", pad=dict(t=26)),
-        height=570 + top, margin=dict(t=top, b=60), hovermode="x unified", template="plotly_white",
-        legend=dict(orientation="h", yanchor="top", y=-0.14, x=0),
-    )
-    return fig
+    above = above_menus + MENU_ROW_PX + 6
+    measured_layout(fig, list(passes.items()), "Every attention of the tutorial against torch: throughput vs N",
+                    height=600 + above, above=above)
+    more = MENU_ROW_PX + above_narrow - above_menus  # a second row of menus, and the notes' extra lines
+    return set_narrow(fig, **narrow, **_narrow_menus(menus, above_narrow),
+                      **{"margin.t": fig.layout.margin.t + more, "+height": more})
 
 
 # --- ratios -----------------------------------------------------------------------------------
 
 
 @figure("bench-ratios")
-def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None) -> go.Figure:
-    """Our best kernel as a multiple of torch's cuDNN and flash backends, cell by cell.
+def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None) -> Tabs:
+    """Our best kernel as a multiple of torch's cuDNN and flash backends, cell by cell: one table per pass.
 
     Best kernel: the tuned FlashAttention-2 forward (chapter 5) and the FlashAttention-2 backward
     (chapter 6). Each ratio is TFLOP/s over TFLOP/s of the same cell (d, causal, dtype, N) in the same
     file; the forward table adds the teaching FlashAttention-2 and FlashAttention-1 where they ran.
     Our best kernel's ratios are checked against the project's bars (`BARS`, at N ≥ `BAR_MIN_N`): red
-    with ▼ below the bar, green with ✓ at or above it, white where no bar applies. A dropdown picks the
-    pass, and all cells or only those below a bar.
+    with ▼ below the bar, green with ✓ at or above it, uncoloured where no bar applies. A tab picks the
+    pass, and a checkbox shows only the cells below a bar.
     """
     passes = _pass_data(fwd, bwd)
-    tables, labels = [], []
+    tabs, failing = [], []
     for p, data in passes.items():
         rows = ratio_rows(data, p)
-        failing = [r for r in rows if below_bar(r, PASSES[p]["ours"])]
-        for subset, label in ((rows, f"{p}: every cell ({len(rows)})"),
-                              (failing, f"{p}: below a bar ({len(failing)})")):
-            tables.append(ratio_table(data, p, subset))
-            labels.append(label)
-    fig = go.Figure(tables)
-    for i, t in enumerate(fig.data):
-        t.visible = i == 0
-    missing = _missing_note(passes)
-    fig.update_layout(updatemenus=[dict(
-        type="dropdown", direction="down", x=0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(b=6),
-        buttons=[dict(label=label, method="update", args=[{"visible": [j == i for j in range(len(tables))]}])
-                 for i, label in enumerate(labels)],
-    )])
-    bars = ("bars (at N ≥ {n}): forward ≥ {f64:.2f}× cuDNN at d = 64, ≥ {f128:.2f}× at d = 128, ≥ {ff:.2f}× torch flash; "
-            "backward ≥ {bc:.2f}× cuDNN, ≥ {bf:.2f}× torch flash").format(
+        failing.append(f"{p}: {sum(below_bar(r, PASSES[p]['ours']) for r in rows)}")
+        tabs.append((f"{p} ({len(rows)} cells)", ratio_table(data, p, rows)))
+    bars = ("Bars (at N ≥ {n}): forward ≥ {f64:.2f}× cuDNN at d = 64, ≥ {f128:.2f}× at d = 128, ≥ {ff:.2f}× torch "
+            "flash; backward ≥ {bc:.2f}× cuDNN, ≥ {bf:.2f}× torch flash.").format(
         n=BAR_MIN_N, f64=BARS[("forward", "sdpa-cudnn")][64], f128=BARS[("forward", "sdpa-cudnn")][128],
         ff=BARS[("forward", "sdpa-flash")], bc=BARS[("backward", "sdpa-cudnn")], bf=BARS[("backward", "sdpa-flash")])
-    most = max(len(t.cells.values[0]) for t in tables)
-    subtitle = f"{bars}{'<br>' + missing if missing else ''}<br>{_provenance(passes)}"
-    top = 105 + 20 * subtitle.count("<br>")
-    fig.update_layout(
-        title=dict(text="Our best kernel as a multiple of torch's cuDNN and flash backends (ratio of TFLOP/s)"
-                        f"<br><sup>{subtitle}</sup>",
-                   font=dict(size=15), x=0, xanchor="left", yref="container", y=1, yanchor="top", pad=dict(t=26)),
-        height=min(900, top + 70 + 31 * most), margin=dict(t=top, l=10, r=10, b=10), template="plotly_white",
-    )
-    return fig
+    notes = [HOW_TO_READ, bars] + [n for n in (_missing_note(passes), _partial_note(passes)) if n]
+    return Tabs(tabs, title="Our best kernel as a multiple of torch's cuDNN and flash backends (ratio of TFLOP/s)",
+                subtitle=short_line([p for data in passes.values() for p in file_runs(data)]), notes=notes,
+                provenance=[line for p, data in passes.items() for line in file_lines(data, p)],
+                only=f"only the cells below a bar ({', '.join(failing)})")

@@ -12,8 +12,16 @@ from plotly.subplots import make_subplots
 
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data, ok_rows, provider_keys, provider_label
-from tutorial_kernels.figures.style import PROVIDER_COLOURS, WAVE_COLOURS, measured_layout, table_figure
-from tutorial_kernels.figures.timelines import timeline_caption, timeline_figure
+from tutorial_kernels.figures.style import (
+    WAVE_COLOURS,
+    add_notes,
+    measured_layout,
+    measured_table,
+    provider_colour,
+    reference_line,
+)
+from tutorial_kernels.figures.tables import Table
+from tutorial_kernels.figures.timelines import timeline_figure
 from tutorial_kernels.paths import data_file
 
 
@@ -33,9 +41,8 @@ def _single_timeline(data: dict | None, key: str, title: str) -> go.Figure:
     data = data or load_data("ch01_timelines")
     run = _timelines(data)[key]
     fig = timeline_figure(run)
-    fig.update_layout(title=dict(text=f"{title}<br><sup>{_run_summary(run)}<br>{timeline_caption(data)}</sup>"),
-                      margin=dict(t=120))
-    return fig
+    add_notes(fig, _run_summary(run) + ".")
+    return measured_layout(fig, data, title, height=520)
 
 
 @figure("ch01-timeline-132")
@@ -63,10 +70,10 @@ def timeline_footprints(data: dict | None = None) -> go.Figure:
     for k in keys:
         m = runs[f"{k}-{grid}"]["meta"]
         titles.append(f"{data['scenarios'][k]['label']}<br>{m['regs_per_thread']} regs/thread, "
-                      f"{m['shared_bytes'] / 1024:.0f} KiB shared → ≤{m['measured_per_sm']} per SM, "
+                      f"{m['shared_bytes'] / 1024:.0f} KiB shared<br>→ ≤{m['measured_per_sm']} per SM, "
                       f"{m['measured_waves']} wave(s)")
-    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, shared_xaxes=True, vertical_spacing=0.16,
-                        horizontal_spacing=0.07)
+    fig = make_subplots(rows=2, cols=2, subplot_titles=titles, shared_xaxes=True, vertical_spacing=0.2,
+                        horizontal_spacing=0.08)
     waves_seen: set[int] = set()
     for i, k in enumerate(keys):
         run = runs[f"{k}-{grid}"]
@@ -76,16 +83,10 @@ def timeline_footprints(data: dict | None = None) -> go.Figure:
         timeline_figure(run, fig=fig, row=i // 2 + 1, col=i % 2 + 1)
         for trace in fig.data[before:]:  # one legend entry per wave across the panels
             trace.showlegend = int(trace.name.split()[-1]) in new
-    fig.update_annotations(font=dict(size=11))
-    fig.update_layout(
-        title=dict(text=f"{grid} programs, four heavier footprints<br><sup>{timeline_caption(data)}</sup>",
-                   font=dict(size=15)),
-        template="plotly_white", barmode="overlay", bargap=0, height=860, margin=dict(t=150),
-        legend=dict(orientation="h", yanchor="top", y=-0.07), hovermode="closest",
-    )
+    fig.update_layout(barmode="overlay", bargap=0)
     fig.update_xaxes(title=None, matches="x")  # one time scale for all four panels
     fig.update_xaxes(title="µs since the first program started", row=2)
-    return fig
+    return measured_layout(fig, data, f"{grid} programs, four heavier footprints", height=900)
 
 
 @figure("ch01-waves")
@@ -103,7 +104,7 @@ def waves_staircase(data: dict | None = None) -> go.Figure:
         fig.add_trace(go.Scatter(
             x=[r["grid"] for r in rows], y=[r["makespan_us"] for r in rows], mode="lines+markers",
             name=f"{scenario['label']} (≤{per_sm} per SM)", legendgroup=key, line=dict(color=colour, shape="linear"),
-            hovertemplate="%{x} programs: %{y:.1f} µs<extra></extra>",
+            hovertemplate="%{fullData.name}<br>%{x} programs: %{y:.1f} µs<extra></extra>",
         ))
         fig.add_trace(go.Scatter(
             x=[r["grid"] for r in rows], y=[r["predicted_waves"] * spin_us for r in rows], mode="lines",
@@ -115,17 +116,11 @@ def waves_staircase(data: dict | None = None) -> go.Figure:
     fig.update_xaxes(title=f"programs in the grid (dotted grid lines: multiples of {sms} SMs)",
                      tickvals=list(range(sms, top + 1, sms)), showgrid=True, rangemode="tozero")
     fig.update_yaxes(title="launch duration (µs, first start to last end)", rangemode="tozero")
-    fig.update_layout(
-        title=dict(text=f"Waves: every program busy-waits {spin_us:.0f} µs<br><sup>{timeline_caption(data)}</sup>",
-                   font=dict(size=15)),
-        template="plotly_white", height=560, legend=dict(orientation="h", yanchor="top", y=-0.16),
-        margin=dict(t=100, b=170), hovermode="closest",
-    )
-    return fig
+    return measured_layout(fig, data, f"Waves: every program busy-waits {spin_us:.0f} µs", height=640)
 
 
 @figure("ch01-occupancy")
-def occupancy_table(data: dict | None = None) -> go.Figure:
+def occupancy_table(data: dict | None = None) -> Table:
     """Predicted and measured programs per SM for each recorded 3 · SMs + 17 launch."""
     data = data or load_data("ch01_timelines")
     grid = 3 * data["device"]["sm_count"] + 17
@@ -144,13 +139,11 @@ def occupancy_table(data: dict | None = None) -> go.Figure:
     ]
     header = ["footprint", "warps", "regs / thread", "shared", *[f"fit by {n}" for n in limits],
               "predicted per SM", "measured", "waves: pred. / meas."]
-    return table_figure(header, columns, f"Occupancy of {grid}-program launches: the calculation against the timeline"
-                  f"<br><sup>{timeline_caption(data)}</sup>", 120 + 50 * len(m) + 50,
-                  widths=[3.2, 1, 1.1, 1.1, 1, 1.1, 1.1, 1, 1.8, 1.1, 1.3])
+    return measured_table(header, columns, data, f"Occupancy of {grid}-program launches: the calculation against the timeline")
 
 
 @figure("ch01-device")
-def device_table(data: dict | None = None) -> go.Figure:
+def device_table(data: dict | None = None) -> Table:
     """The GPU's limits as the CUDA driver reports them, from the data file of the same run."""
     data = data or load_data("ch01_timelines")
     d = data["device"]
@@ -173,13 +166,12 @@ def device_table(data: dict | None = None) -> go.Figure:
          f"2 × {d['memory_clock_khz'] / 1e3:,.0f} MHz × {d['memory_bus_width_bits']:,} bits / 8; a datasheet figure"),
         ("SM clock (typical)", f"{d['sm_clock_khz'] / 1e3:,.0f} MHz", ""),
     ]
-    return table_figure(["property", "value", "what it limits"], [list(c) for c in zip(*rows)],
-                  f"{d['name']}, as the CUDA driver reports it<br><sup>{timeline_caption(data)}</sup>",
-                  110 + 27 * len(rows) + 40, widths=[2.2, 1.6, 3])
+    return measured_table(["property", "value", "what it limits"], [list(c) for c in zip(*rows)], data,
+                          f"{d['name']}, as the CUDA driver reports it")
 
 
 @figure("ch01-compiled")
-def compiled_table(data: dict | None = None) -> go.Figure:
+def compiled_table(data: dict | None = None) -> Table:
     """What Triton decided when it compiled the reduction's partial-sum kernel (read from its PTX)."""
     data = data or load_data("ch01_timelines")
     facts = data["compiled_reduction"]
@@ -194,9 +186,8 @@ def compiled_table(data: dict | None = None) -> go.Figure:
         ("shared-memory stores, barriers", [f"{f['shared_stores']}, {f['barriers']}" for f in facts], "Triton: across warps"),
     ]
     columns = [[r[0] for r in rows]] + [[r[1][i] for r in rows] for i in range(len(facts))] + [[r[2] for r in rows]]
-    return table_figure(["", *[f"n = {f['n']}" for f in facts], "decided by"], columns,
-                  "What Triton compiled _partial_sums_kernel into (float32)<br>"
-                  f"<sup>{timeline_caption(data)}</sup>", 110 + 27 * len(rows) + 40, widths=[2.2, 1.5, 1.5, 2])
+    return measured_table(["", *[f"n = {f['n']}" for f in facts], "decided by"], columns, data,
+                          "What Triton compiled <code>_partial_sums_kernel</code> into (float32)")
 
 
 @figure("ch01-reduction-bandwidth")
@@ -218,15 +209,16 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earl
                 fig.add_trace(go.Scatter(
                     x=[None], y=[None], mode="lines", line=dict(color="#999999", width=1.5, dash="dot"),
                     name=f"dotted, faint: an earlier run of the same suite ({p['date_utc'][:16].replace('T', ' ')} "
-                         f"UTC, commit {p['git_commit'][:8]})", legendgroup="earlier",
+                         f"UTC, commit {p['git_commit'][:7]})", legendgroup="earlier",
                 ), row=1, col=1)
             for key in provider_keys(earlier):
                 rows = ok_rows(earlier, provider_key=key, dtype=dtype)
                 fig.add_trace(go.Scatter(
                     x=[r["n"] for r in rows], y=[r["gb_per_s"] for r in rows], mode="lines", opacity=0.45,
                     name=provider_label(earlier, key), legendgroup="earlier", showlegend=False,
-                    line=dict(color=PROVIDER_COLOURS.get(key), width=1.5, dash="dot"),
-                    hovertemplate=f"earlier run, {provider_label(earlier, key)}: " + "%{y:,.0f} GB/s<extra></extra>",
+                    line=dict(color=provider_colour(key), width=1.5, dash="dot"),
+                    hovertemplate=f"earlier run<br>{provider_label(earlier, key)}<br>" + "n = %{x:,}: %{y:,.0f} GB/s"
+                                  "<extra></extra>",
                 ), row=1, col=col)
         for source, dashed in ((data, False), (live, True)):
             if source is None:
@@ -237,18 +229,18 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earl
                 fig.add_trace(go.Scatter(
                     x=[r["n"] for r in rows], y=[r["gb_per_s"] for r in rows], mode="lines+markers",
                     name=provider_label(source, key) + suffix, legendgroup=key + suffix, showlegend=col == 1,
-                    line=dict(color=PROVIDER_COLOURS.get(key), dash="dash" if dashed else "solid"),
+                    line=dict(color=provider_colour(key), dash="dash" if dashed else "solid"),
                     marker=dict(symbol="circle-open" if dashed else "circle"),
-                    hovertemplate="n = %{x:,}: %{y:,.0f} GB/s<extra></extra>",
+                    hovertemplate="%{fullData.name}<br>n = %{x:,}: %{y:,.0f} GB/s<extra></extra>",
                 ), row=1, col=col)
     copy_gb = data["ceilings"]["copy_tb_per_s"] * 1000
     for col in range(1, len(dtypes) + 1):
-        label = dict(annotation_text=f"device copy, same run: {copy_gb:,.0f} GB/s", annotation_position="bottom right")
-        fig.add_hline(y=copy_gb, line=dict(color="black", dash="dot"), row=1, col=col, **(label if col == 1 else {}))
+        reference_line(fig, copy_gb, f"device copy, same run: {copy_gb:,.0f} GB/s" if col == 1 else None, log=True,
+                       row=1, col=col)
     lengths = sorted({r["n"] for r in data["results"]})
     fig.update_xaxes(title="elements n", type="log", tickvals=[n for n in lengths if n != 1_000_003],
                      ticktext=[f"2<sup>{n.bit_length() - 1}</sup>" for n in lengths if n != 1_000_003])
     fig.update_yaxes(type="log", tickvals=[1, 10, 100, 1000, 3000], ticktext=["1", "10", "100", "1,000", "3,000"])
     fig.update_yaxes(title="GB/s (n · bytes per element, read once / time)", col=1)
-    fig.update_layout(height=560, margin=dict(b=170), hovermode="closest")
-    return measured_layout(fig, data, "Sum of n elements: bandwidth vs length")
+    sources = [("", data)] + ([("drawn faint", earlier)] if earlier is not None else [])
+    return measured_layout(fig, sources, "Sum of n elements: bandwidth vs length", height=620)

@@ -13,22 +13,20 @@ from plotly.subplots import make_subplots
 
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data, ok_rows, provider_keys, provider_label
-from tutorial_kernels.figures.style import PROVIDER_COLOURS, measured_layout
+from tutorial_kernels.figures.style import add_notes, measured_layout, provider_colour, provider_line, style_figure
 
 
 @figure("ch02-score-memory")
 def score_memory() -> go.Figure:
-    """Memory that S and P take in HBM, from the formula 2 · B · H · N² · bytes (B=1, H=32, fp16)."""
     lengths = [2**i for i in range(8, 17)]
     gib = [2 * 32 * n * n * 2 / 2**30 for n in lengths]
-    fig = go.Figure(go.Scatter(x=lengths, y=gib, mode="lines+markers", name="S and P"))
-    fig.update_layout(
-        title="HBM taken by S and P (B=1, H=32, fp16; formula, not a measurement)",
-        xaxis=dict(title="sequence length N", type="log", tickvals=lengths),
-        yaxis=dict(title="GiB", type="log"),
-        template="plotly_white",
-    )
-    return fig
+    fig = go.Figure(go.Scatter(x=lengths, y=gib, mode="lines+markers", name="S and P",
+                               line=dict(color=provider_colour("naive-triton")),
+                               hovertemplate="N = %{x:,}: %{y:,.3~f} GiB<extra></extra>"))
+    fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[f"{n:,}" for n in lengths])
+    fig.update_yaxes(title="GiB", type="log", tickformat=",~g")
+    return style_figure(fig, "HBM taken by S and P", "B = 1, H = 32, fp16; a formula, not a measurement",
+                        height=460, showlegend=False)
 
 
 def live_traces(fig: go.Figure, live: dict | None, y_of, **subplot) -> None:
@@ -41,7 +39,8 @@ def live_traces(fig: go.Figure, live: dict | None, y_of, **subplot) -> None:
             go.Scatter(
                 x=[r["n"] for r in rows], y=[y_of(r) for r in rows], mode="lines+markers",
                 name=f"{provider_label(live, key)} — your GPU ({live['provenance']['gpu']})",
-                line=dict(dash="dash", color=PROVIDER_COLOURS.get(key)), marker=dict(symbol="circle-open"),
+                line=dict(dash="dot", color=provider_colour(key)), marker=dict(symbol="circle-open"),
+                hovertemplate="%{fullData.name}<br>N = %{x}: %{y:.3g}<extra></extra>",
             ),
             **subplot,
         )
@@ -63,17 +62,20 @@ def seed_speedup(data: dict | None = None, live: dict | None = None) -> go.Figur
             fig.add_trace(go.Scatter(
                 x=[r["n"] for r in rows], y=[eager[r["n"]] / r["ms"] for r in rows], mode="lines+markers",
                 name=f"{provider_label(source, key)}{suffix}",
-                line=dict(color=PROVIDER_COLOURS.get(key), dash="dash" if dashed else "solid"),
-                hovertemplate="%{y:.2f}× faster than eager",
+                line=provider_line(key) if not dashed else dict(color=provider_colour(key), dash="dot"),
+                marker=dict(symbol="circle-open" if dashed else "circle"),
+                hovertemplate="%{fullData.name}<br>N = %{x}: %{y:.2f}× faster than eager<extra></extra>",
             ))
 
     add(data, dashed=False)
     if live is not None:
         add(live, dashed=True)
-    fig.add_hline(y=1.0, line=dict(color=PROVIDER_COLOURS["eager"], dash="dot"), annotation_text="eager")
+    fig.add_hline(y=1.0, line=dict(color=provider_colour("eager"), dash="dot"), annotation_text="eager",
+                  annotation_position="top left")
     fig.update_xaxes(title="sequence length N")
     fig.update_yaxes(title="speedup over eager PyTorch (×)", rangemode="tozero")
-    return measured_layout(fig, data, "Speedup over eager attention (B=1, H=32, d=128, fp16, causal)")
+    return measured_layout(fig, data, "Speedup over eager attention (B = 1, H = 32, d = 128, fp16, causal)",
+                           height=500)
 
 
 def by_causal(data: dict, live: dict | None, y_of, y_title: str, title: str, log_y: bool) -> go.Figure:
@@ -84,8 +86,8 @@ def by_causal(data: dict, live: dict | None, y_of, y_title: str, title: str, log
             fig.add_trace(
                 go.Scatter(
                     x=[r["n"] for r in rows], y=[y_of(r) for r in rows], mode="lines+markers",
-                    name=provider_label(data, key), legendgroup=key, showlegend=col == 1,
-                    line=dict(color=PROVIDER_COLOURS.get(key)),
+                    name=provider_label(data, key), legendgroup=key, showlegend=col == 1, line=provider_line(key),
+                    hovertemplate="%{fullData.name}<br>N = %{x}: %{y:.3g}<extra></extra>",
                 ),
                 row=1, col=col,
             )
@@ -94,42 +96,42 @@ def by_causal(data: dict, live: dict | None, y_of, y_title: str, title: str, log
             live_traces(fig, live_causal, y_of, row=1, col=col)
     failed = [r for r in data["results"] if r["status"] != "ok"]
     if failed:
-        note = "; ".join(f"{r['provider']}: {r['status']} at N={r['n']}{' causal' if r['causal'] else ''}" for r in failed)
-        fig.add_annotation(text=f"missing points — {note}", xref="paper", yref="paper", x=0, y=-0.42,
-                           showarrow=False, font=dict(size=11), xanchor="left")
+        add_notes(fig, "Missing points: " + "; ".join(
+            f"{r['provider']}: {r['status']} at N = {r['n']}{', causal' if r['causal'] else ''}" for r in failed) + ".")
     lengths = sorted({r["n"] for r in data["results"]})
     fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
     fig.update_yaxes(type="log" if log_y else "linear")
+    if log_y:
+        fig.update_yaxes(dtick=1, tickformat=",~g")  # one label per decade: 0.01, 0.1, 1, …
     fig.update_yaxes(title=y_title, col=1)
-    fig.update_layout(height=540, margin=dict(b=140))
-    return measured_layout(fig, data, title)
+    return measured_layout(fig, data, title, height=600)
 
 
 @figure("ch02-time-vs-n")
 def time_vs_n(data: dict | None = None, live: dict | None = None) -> go.Figure:
     data = data or load_data("ch02_sweep")
     return by_causal(data, live, lambda r: r["ms"], "time per forward (ms)",
-                      "Forward time vs N (B=1, H=32, d=128, fp16)", log_y=True)
+                      "Forward time vs N (B = 1, H = 32, d = 128, fp16)", log_y=True)
 
 
 @figure("ch02-tflops-vs-n")
 def tflops_vs_n(data: dict | None = None, live: dict | None = None) -> go.Figure:
     data = data or load_data("ch02_sweep")
     return by_causal(data, live, lambda r: r["tflops"], "TFLOP/s (4·B·H·N²·d, ×½ causal)",
-                      "Throughput vs N (B=1, H=32, d=128, fp16)", log_y=False)
+                      "Throughput vs N (B = 1, H = 32, d = 128, fp16)", log_y=False)
 
 
 @figure("ch02-memory-vs-n")
 def memory_vs_n(data: dict | None = None, live: dict | None = None) -> go.Figure:
     data = data or load_data("ch02_sweep")
     return by_causal(data, live, lambda r: r["peak_extra_mib"], "peak extra memory of one call (MiB)",
-                      "Memory vs N (B=1, H=32, d=128, fp16)", log_y=True)
+                      "Memory vs N (B = 1, H = 32, d = 128, fp16)", log_y=True)
 
 
 def probability_heatmap(p, title: str) -> go.Figure:
     """One head's attention probabilities P (n_q × n_k) as a heatmap: masked keys show as 0."""
-    fig = go.Figure(go.Heatmap(z=p.double().cpu().numpy(), colorscale="Viridis", colorbar=dict(title="P_ij")))
-    fig.update_layout(title=title, template="plotly_white", height=420, width=520)
+    fig = go.Figure(go.Heatmap(z=p.double().cpu().numpy(), colorscale="Viridis", colorbar=dict(title="P_ij"),
+                               hovertemplate="query %{y}, key %{x}: P = %{z:.3f}<extra></extra>"))
     fig.update_xaxes(title="key j")
     fig.update_yaxes(title="query i", autorange="reversed")
-    return fig
+    return style_figure(fig, title, height=440, width=540)

@@ -8,18 +8,25 @@ measured with Nsight Compute against the IO model (data/ch04_hbm_bytes.json; `hb
 
 from __future__ import annotations
 
+import math
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tutorial_kernels.figures.ch02 import live_traces
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data, ok_rows, provider_keys, provider_label
-from tutorial_kernels.figures.style import PROVIDER_COLOURS, measured_layout, provenance_line, short_command
+from tutorial_kernels.figures.runs import file_runs
+from tutorial_kernels.figures.style import (
+    SCHEDULE_COLOURS,
+    TILE_COLOURS,
+    add_notes,
+    measured_layout,
+    provider_line,
+    reference_line,
+    style_figure,
+)
 from tutorial_kernels.figures.timelines import stacked_timelines
-
-CH04_SCHEDULE_COLOURS = {"naive": PROVIDER_COLOURS["naive-triton"], "flash-v1": PROVIDER_COLOURS["flash-v1-triton"],
-                         "flash-v1 causal": "#0b6e79", "flash-v2": PROVIDER_COLOURS["flash-v2-triton"],
-                         "flash-v2 causal": "#a64d00"}
 
 
 def _by_dim_and_causal(data: dict, live: dict | None, y_of, y_title: str, title: str, log_y: bool) -> go.Figure:
@@ -35,27 +42,26 @@ def _by_dim_and_causal(data: dict, live: dict | None, y_of, y_title: str, title:
                 fig.add_trace(go.Scatter(
                     x=[r["n"] for r in rows], y=[y_of(r) for r in rows], mode="lines+markers",
                     name=provider_label(data, key), legendgroup=key, showlegend=row == 1 and col == 1,
-                    line=dict(color=PROVIDER_COLOURS.get(key)),
-                    customdata=[[r["batch"], r["heads"]] for r in rows],
-                    hovertemplate="N = %{x}, B = %{customdata[0]}, H = %{customdata[1]}: %{y:.3g}<extra>"
-                                  + provider_label(data, key) + "</extra>",
+                    line=provider_line(key), customdata=[[r["batch"], r["heads"]] for r in rows],
+                    hovertemplate="%{fullData.name}<br>N = %{x}, B = %{customdata[0]}, H = %{customdata[1]}: "
+                                  "%{y:.3g}<extra></extra>",
                 ), row=row, col=col)
             if live is not None:
                 picked = {**live, "results": [r for r in live["results"] if r["causal"] == causal and r["head_dim"] == d]}
                 live_traces(fig, picked, y_of, row=row, col=col)
     failed = [r for r in data["results"] if r["status"] != "ok"]
     if failed:
-        note = "; ".join(f"{r['provider']}: {r['status']} at N={r['n']}, d={r['head_dim']}{' causal' if r['causal'] else ''}"
-                         for r in failed)
-        fig.add_annotation(text=f"missing points — {note}", xref="paper", yref="paper", x=0, y=-0.2,
-                           showarrow=False, font=dict(size=11), xanchor="left")
+        add_notes(fig, "Missing points: " + "; ".join(
+            f"{r['provider']}: {r['status']} at N = {r['n']}, d = {r['head_dim']}{', causal' if r['causal'] else ''}"
+            for r in failed) + ".")
     lengths = sorted({r["n"] for r in data["results"]})
     fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
     fig.update_xaxes(title="sequence length N (batch = 16384 / N, heads = 2048 / d)", row=len(dims))
     fig.update_yaxes(type="log" if log_y else "linear")
+    if log_y:
+        fig.update_yaxes(dtick=1, tickformat=",~g")
     fig.update_yaxes(title=y_title, col=1)
-    fig.update_layout(height=820, margin=dict(b=150), hovermode="closest")
-    return measured_layout(fig, data, title)
+    return measured_layout(fig, data, title, height=860)
 
 
 @figure("ch04-tflops-vs-n")
@@ -83,15 +89,14 @@ def ch04_memory_vs_n(data: dict | None = None) -> go.Figure:
             rows = ok_rows(data, provider_key=key, causal=False, head_dim=d)
             fig.add_trace(go.Scatter(
                 x=[r["n"] for r in rows], y=[r["peak_extra_mib"] for r in rows], mode="lines+markers",
-                name=provider_label(data, key), legendgroup=key, showlegend=col == 1, line=dict(color=PROVIDER_COLOURS.get(key)),
-                hovertemplate="N = %{x}: %{y:,.0f} MiB<extra>" + provider_label(data, key) + "</extra>",
+                name=provider_label(data, key), legendgroup=key, showlegend=col == 1, line=provider_line(key),
+                hovertemplate="%{fullData.name}<br>N = %{x}: %{y:,.0f} MiB<extra></extra>",
             ), row=1, col=col)
     lengths = sorted({r["n"] for r in data["results"]})
     fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", dtick=1, tickformat=",~g")
     fig.update_yaxes(title="peak extra memory of one call (MiB, output included)", col=1)
-    fig.update_layout(height=540, margin=dict(b=140), hovermode="closest")
-    return measured_layout(fig, data, "Memory vs N: B·N = 16384 tokens, H·d = 2048, fp16")
+    return measured_layout(fig, data, "Memory vs N: B·N = 16384 tokens, H·d = 2048, fp16", height=600)
 
 
 def hbm_totals(row: dict, source: str) -> float:
@@ -102,16 +107,14 @@ def hbm_totals(row: dict, source: str) -> float:
     return sum((k[f"{source}_read_bytes"] or 0) + (k[f"{source}_write_bytes"] or 0) for k in row["kernels"])
 
 
-def _hbm_caption(data: dict, series: tuple[str, ...] = ("by-n", "by-block")) -> str:
+def hbm_runs(data: dict, series: tuple[str, ...] = ("by-n", "by-block")) -> list[dict]:
     """Provenance of the run(s) that measured `series`: a file merged from several runs
     (`--merge`) keeps each earlier run's provenance under 'earlier_runs'."""
     runs = [run["provenance"] for run in data.get("earlier_runs", []) if set(series) & set(run["series"])]
     claimed = {name for run in data.get("earlier_runs", []) for name in run["series"]}
     if set(series) - claimed:
         runs.append(data["provenance"])
-    return "<br>".join(
-        f"{p['gpu']} · Nsight Compute {p.get('ncu', '').replace('Version ', '').split(' ')[0]} · triton {p['triton']} · "
-        f"{p['date_utc'][:10]} · commit {p['git_commit'][:8]} · <i>{short_command(p['command'])}</i>" for p in runs)
+    return runs
 
 
 def hbm_vs_n(data: dict, lines: list[tuple[str, str, bool, str]], title: str) -> go.Figure:
@@ -120,14 +123,14 @@ def hbm_vs_n(data: dict, lines: list[tuple[str, str, bool, str]], title: str) ->
     rows = [r for r in data["measurements"] if any(r["series"] == series for series, *_ in lines)]
     dims = sorted({r["head_dim"] for r in rows})
     fig = make_subplots(rows=1, cols=len(dims), shared_yaxes=True,
-                        subplot_titles=[f"d = {d}, batch = 16384 / N, heads = {2048 // d}" for d in dims])
+                        subplot_titles=[f"d = {d}<br>batch = 16384 / N, heads = {2048 // d}" for d in dims])
     for col, d in enumerate(dims, start=1):
         for series, schedule, causal, name in lines:
             picked = sorted((r for r in rows if r["series"] == series and r["schedule"] == schedule
                              and r["causal"] == causal and r["head_dim"] == d), key=lambda r: r["n"])
             if not picked:
                 continue
-            colour = CH04_SCHEDULE_COLOURS[schedule + (" causal" if causal else "")]
+            colour = SCHEDULE_COLOURS[schedule + (" causal" if causal else "")]
             blocks = f" ({picked[0]['block_m']}×{picked[0]['block_n']} tiles)" if "block_m" in picked[0] else ""
             for source, dash, symbol, label in (("dram", "solid", "circle", "measured DRAM"),
                                                 ("l2", "dot", "circle-open", "requested from L2"),
@@ -136,20 +139,14 @@ def hbm_vs_n(data: dict, lines: list[tuple[str, str, bool, str]], title: str) ->
                     x=[r["n"] for r in picked], y=[hbm_totals(r, source) / 1e9 for r in picked],
                     mode="lines+markers", name=f"{name}{blocks}: {label}", legendgroup=f"{schedule}{causal}{source}",
                     showlegend=col == 1, line=dict(color=colour, dash=dash), marker=dict(symbol=symbol, size=8),
-                    hovertemplate="N = %{x}: %{y:.3g} GB<extra>" + f"{name}: {label}" + "</extra>",
+                    hovertemplate=f"{name}: {label}<br>" + "N = %{x}: %{y:.3g} GB<extra></extra>",
                 ), row=1, col=col)
     lengths = sorted({r["n"] for r in rows})
     fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_yaxes(type="log")
+    fig.update_yaxes(type="log", dtick=1, tickformat=",~g")
     fig.update_yaxes(title="GB read + written, all kernels of one forward", col=1)
-    caption = _hbm_caption(data, tuple(dict.fromkeys(series for series, *_ in lines)))
-    runs = caption.count("<br>") + 1  # one caption line per run that measured these series
-    fig.update_layout(
-        title=dict(text=f"{title}<br><sup>{caption}</sup>", font=dict(size=15)),
-        template="plotly_white", height=660 + 20 * len(lines), legend=dict(orientation="h", yanchor="top", y=-0.16),
-        margin=dict(t=90 + 20 * runs, b=260 + 20 * len(lines)), hovermode="closest",
-    )
-    return fig
+    runs = hbm_runs(data, tuple(dict.fromkeys(series for series, *_ in lines)))
+    return measured_layout(fig, data, title, runs=runs, height=620 + 22 * 3 * len(lines))
 
 
 @figure("ch04-hbm-vs-n")
@@ -175,28 +172,33 @@ def ch04_hbm_vs_block(data: dict | None = None) -> go.Figure:
                                         ("model", "dash", "x", "IO model")):
         fig.add_trace(go.Scatter(
             x=[r["block_n"] for r in sweep], y=[hbm_totals(r, source) / 1e9 for r in sweep], mode="lines+markers",
-            name=f"B_r = 64: {label}", line=dict(color=CH04_SCHEDULE_COLOURS["flash-v1"], dash=dash),
-            marker=dict(symbol=symbol, size=9), hovertemplate="B_c = %{x}: %{y:.3g} GB<extra>" + label + "</extra>",
+            name=f"B_r = 64: {label}", line=dict(color=SCHEDULE_COLOURS["flash-v1"], dash=dash),
+            marker=dict(symbol=symbol, size=9),
+            hovertemplate=f"B_r = 64: {label}<br>" + "B_c = %{x}: %{y:.3g} GB<extra></extra>",
         ))
     if other:
+        # Other query tiles, measured at one key tile each: points that (nearly) coincide share one
+        # label, "B_r = 32, 128", under the line rather than one label per point printed on each other.
         fig.add_trace(go.Scatter(
-            x=[r["block_n"] for r in other], y=[hbm_totals(r, "dram") / 1e9 for r in other], mode="markers+text",
-            text=[f"B_r = {r['block_m']}" for r in other], textposition="middle right",
+            x=[r["block_n"] for r in other], y=[hbm_totals(r, "dram") / 1e9 for r in other], mode="markers",
             name="other query tiles B_r: measured DRAM", marker=dict(color="#555", symbol="diamond", size=9),
-            hovertemplate="B_c = %{x}, %{text}: %{y:.3g} GB<extra></extra>",
+            text=[f"B_r = {r['block_m']}" for r in other],
+            hovertemplate="%{text}, B_c = %{x}: %{y:.3g} GB<extra></extra>",
         ))
+        groups: dict[tuple, list[dict]] = {}
+        for r in other:
+            groups.setdefault((r["block_n"], round(math.log10(hbm_totals(r, "dram")), 2)), []).append(r)
+        for (block_n, _), members in groups.items():
+            fig.add_annotation(x=math.log10(block_n), y=math.log10(hbm_totals(members[0], "dram") / 1e9),
+                               text="B_r = " + ", ".join(str(r["block_m"]) for r in members), showarrow=True,
+                               arrowhead=0, arrowcolor="#555", ax=0, ay=40, font=dict(color="#555"))
     r0 = rows[0]
     fig.update_xaxes(title="B_c = BLOCK_N, keys per K/V tile (T_c = N / B_c outer steps)", type="log",
                      tickvals=[r["block_n"] for r in sweep], ticktext=[str(r["block_n"]) for r in sweep])
-    fig.update_yaxes(title="GB read + written (fills and kernel)", type="log")
-    fig.update_layout(
-        title=dict(text=f"FlashAttention-1's traffic against the key tile (N = {r0['n']}, d = {r0['head_dim']}, "
-                        f"B = {r0['batch']}, H = {r0['heads']}, fp16)<br><sup>{_hbm_caption(data)}</sup>",
-                   font=dict(size=15)),
-        template="plotly_white", height=560, legend=dict(orientation="h", yanchor="top", y=-0.2),
-        margin=dict(t=110, b=160), hovermode="closest",
-    )
-    return fig
+    fig.update_yaxes(title="GB read + written (fills and kernel)", type="log", dtick=1, tickformat=",~g")
+    return measured_layout(fig, data, f"FlashAttention-1's traffic against the key tile (N = {r0['n']}, "
+                                      f"d = {r0['head_dim']}, B = {r0['batch']}, H = {r0['heads']}, fp16)",
+                           runs=hbm_runs(data, ("by-block",)), height=600)
 
 
 @figure("ch04-bandwidth-vs-programs")
@@ -220,27 +222,21 @@ def ch04_bandwidth_vs_programs(hbm: dict | None = None, sweep: dict | None = Non
                 x=[r["batch"] * r["heads"] for r in picked],
                 y=[hbm_totals(r, "dram") / (times[(key, r["n"], d, causal)] * 1e-3) / 1e12 for r in picked],
                 mode="lines+markers", name=f"{name}, d = {d}", text=[f"N = {r['n']}" for r in picked],
-                line=dict(color=CH04_SCHEDULE_COLOURS[schedule + (" causal" if causal else "")], dash=dash),
+                line=dict(color=SCHEDULE_COLOURS[schedule + (" causal" if causal else "")], dash=dash),
                 marker=dict(symbol=symbol, size=9),
-                hovertemplate="%{text}, B·H = %{x}: %{y:.2f} TB/s<extra>" + f"{name}, d = {d}" + "</extra>",
+                hovertemplate=f"{name}, d = {d}<br>" + "%{text}, B·H = %{x}: %{y:.2f} TB/s<extra></extra>",
             ))
     copy = sweep["ceilings"]["copy_tb_per_s"]
-    fig.add_hline(y=copy, line=dict(color="black", dash="dot"), annotation_text=f"device copy, same run: {copy:.2f} TB/s")
+    reference_line(fig, copy, f"device copy, same run: {copy:.2f} TB/s", position="top left")
     sms = hbm["provenance"]["sm_count"]
     fig.add_trace(go.Scatter(x=[sms, sms], y=[0, copy * 1.05], mode="lines", line=dict(color="grey", dash="dash"),
                              name=f"one program per SM ({sms} SMs)", hoverinfo="skip"))
     fig.update_xaxes(title="programs in the grid, B·H (one per (batch, head))", type="log",
                      tickvals=[16, 32, 64, 128, 256, 512, 1024])
-    fig.update_yaxes(title="TB/s (measured DRAM bytes / time)", rangemode="tozero")
-    p = sweep["provenance"]
-    fig.update_layout(
-        title=dict(text="How fast FlashAttention-1 moves its bytes, against the number of programs"
-                        f"<br><sup>bytes: {_hbm_caption(hbm)}<br>time: {provenance_line(sweep).split('<br>')[1]} "
-                        f"({p['gpu']})</sup>", font=dict(size=15)),
-        template="plotly_white", height=580, legend=dict(orientation="h", yanchor="top", y=-0.18),
-        margin=dict(t=130, b=170), hovermode="closest",
-    )
-    return fig
+    fig.update_yaxes(title="TB/s (measured DRAM bytes / time)", rangemode="tozero", range=[0, copy * 1.15])
+    runs = [("bytes", p) for p in hbm_runs(hbm, ("by-n",))] + [("times", p) for p in file_runs(sweep)]
+    return measured_layout(fig, None, "How fast FlashAttention-1 moves its bytes, against the number of programs",
+                           runs=runs, height=640)
 
 
 @figure("ch04-tiles")
@@ -251,8 +247,8 @@ def ch04_tiles(data: dict | None = None) -> go.Figure:
     data = data or load_data("ch04_tiles")
     rows = data["tiles"]
     dims = sorted({r["head_dim"] for r in rows})
-    fig = make_subplots(rows=1, cols=len(dims), subplot_titles=[f"d = {d}" for d in dims], horizontal_spacing=0.08)
-    colours = ["#17becf", "#0b6e79", "#9edae5"]
+    fig = make_subplots(rows=1, cols=len(dims), subplot_titles=[f"d = {d}" for d in dims], horizontal_spacing=0.2)
+    colours = TILE_COLOURS
     for col, d in enumerate(dims, start=1):
         chosen = gpu_blocks(d)
         for i, n in enumerate(sorted({r["n"] for r in rows if r["head_dim"] == d})):
@@ -263,19 +259,13 @@ def ch04_tiles(data: dict | None = None) -> go.Figure:
             fig.add_trace(go.Bar(
                 x=[r["tflops"] for r in picked], y=labels, orientation="h", name=f"N = {n} (B·H = {picked[0]['batch'] * picked[0]['heads']})",
                 marker_color=colours[i % len(colours)], legendgroup=str(n), showlegend=col == 1,
-                hovertemplate="%{y}: %{x:.1f} TFLOP/s<extra>N = " + str(n) + "</extra>",
+                hovertemplate="N = " + str(n) + "<br>%{y}: %{x:.1f} TFLOP/s<extra></extra>",
             ), row=1, col=col)
         fig.update_yaxes(autorange="reversed", row=1, col=col)
     fig.update_xaxes(title="TFLOP/s (not causal, fp16)")
-    p = data["provenance"]
-    fig.update_layout(
-        title=dict(text="FlashAttention-1 tile configurations: B_r × B_c, warps, pipeline stages (◀ the default)"
-                        f"<br><sup>{p['gpu']} · triton {p['triton']} · {p['date_utc'][:10]} · commit {p['git_commit'][:8]} · "
-                        f"<i>{p['command'].split(' --out')[0]}</i></sup>", font=dict(size=15)),
-        template="plotly_white", barmode="group", height=620, margin=dict(t=110, l=10),
-        legend=dict(orientation="h", yanchor="top", y=-0.12), hovermode="closest",
-    )
-    return fig
+    fig.update_layout(barmode="group")
+    return measured_layout(fig, data, "FlashAttention-1 tile configurations: B_r × B_c, warps, pipeline stages "
+                                      "(◀ the default)", height=680, margin=dict(l=10))
 
 
 @figure("ch04-timeline")
@@ -300,9 +290,9 @@ def ch04_loop_order(n: int = 512, block: int = 128) -> go.Figure:
     tiles = -(-n // block)
     v1 = flash_v1_schedule(n, n, block, block, causal=True)
     v2 = [(j, i) for i in range(tiles) for j in range(tiles) if j <= i]  # queries outside, keys inside
-    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12, subplot_titles=(
-        "FlashAttention-1 (this chapter): K/V tile j outside, Q tile i inside",
-        "Chapter 3 / FlashAttention-2: Q tile i outside, K/V tile j inside"))
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.14, subplot_titles=(
+        "FlashAttention-1 (this chapter):<br>K/V tile j outside, Q tile i inside",
+        "Chapter 3 and FlashAttention-2:<br>Q tile i outside, K/V tile j inside"))
     for col, visits in ((1, v1), (2, v2)):
         z = [[None] * tiles for _ in range(tiles)]
         for step, (j, i) in enumerate(visits, start=1):
@@ -313,10 +303,7 @@ def ch04_loop_order(n: int = 512, block: int = 128) -> go.Figure:
                       row=1, col=col)
         fig.update_xaxes(title="K/V tile j", dtick=1, row=1, col=col)
         fig.update_yaxes(title="Q tile i", dtick=1, autorange="reversed", row=1, col=col)
-    fig.update_layout(
-        title=dict(text=f"Visit order of the tiles of S for one (batch, head), causal, N = {n}, {block}×{block} tiles"
-                        "<br><sup>empty: above the diagonal, skipped. Left: every step reads and writes O_i, ℓ_i, m_i in HBM. "
-                        "Right: O_i stays on chip along each row.</sup>", font=dict(size=15)),
-        template="plotly_white", height=470, margin=dict(t=120),
-    )
-    return fig
+    add_notes(fig, "Empty: above the diagonal, skipped. Left: every step reads and writes O<sub>i</sub>, "
+                   "ℓ<sub>i</sub>, m<sub>i</sub> in HBM. Right: O<sub>i</sub> stays on chip along each row.")
+    return style_figure(fig, f"Visit order of the tiles of S for one (batch, head), causal, N = {n}, {block}×{block} tiles",
+                        height=500)

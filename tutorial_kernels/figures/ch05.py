@@ -15,10 +15,17 @@ from tutorial_kernels.figures.ch04 import hbm_vs_n
 from tutorial_kernels.figures.ratios import chapter_ratio_table
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data, ok_rows, provider_keys, provider_label, run_ceiling
-from tutorial_kernels.figures.style import PROVIDER_COLOURS, measured_layout
+from tutorial_kernels.figures.style import (
+    CEILING_LINE,
+    HOPPER_VARIANT_COLOURS,
+    TUNED_VARIANT_COLOURS,
+    add_notes,
+    measured_layout,
+    provider_colour,
+    provider_line,
+)
+from tutorial_kernels.figures.tables import Table
 from tutorial_kernels.figures.timelines import stacked_timelines
-
-TEACHING_KERNELS = {"flash-v2-triton"}  # drawn dotted next to their tuned versions
 
 
 def tflops_by_cell(data: dict, title: str) -> go.Figure:
@@ -26,7 +33,7 @@ def tflops_by_cell(data: dict, title: str) -> go.Figure:
     head_dims = sorted({r["head_dim"] for r in data["results"]})
     dtypes = sorted({r["dtype"] for r in data["results"]})
     panels = [(d, c) for d in head_dims for c in (False, True)]
-    fig = make_subplots(rows=len(head_dims), cols=2, shared_yaxes=True, vertical_spacing=0.3 / len(head_dims),
+    fig = make_subplots(rows=len(head_dims), cols=2, shared_yaxes=True, vertical_spacing=0.22 / len(head_dims),
                         subplot_titles=[f"d = {d}, {'causal' if c else 'not causal'}" for d, c in panels])
     trace_dtypes = []
     for dtype in dtypes:
@@ -36,8 +43,8 @@ def tflops_by_cell(data: dict, title: str) -> go.Figure:
                 fig.add_trace(go.Scatter(
                     x=[r["n"] for r in rows], y=[r["tflops"] for r in rows], mode="lines+markers",
                     name=provider_label(data, key), legendgroup=key, showlegend=i == 0, visible=dtype == dtypes[0],
-                    line=dict(color=PROVIDER_COLOURS.get(key), dash="dot" if key in TEACHING_KERNELS else "solid"),
-                    hovertemplate="N = %{x}: %{y:.0f} TFLOP/s<extra>" + provider_label(data, key) + "</extra>",
+                    line=provider_line(key),
+                    hovertemplate="%{fullData.name}<br>N = %{x}: %{y:.0f} TFLOP/s<extra></extra>",
                 ), row=i // 2 + 1, col=i % 2 + 1)
                 trace_dtypes.append(dtype)
     lengths = sorted({r["n"] for r in data["results"]})
@@ -45,18 +52,21 @@ def tflops_by_cell(data: dict, title: str) -> go.Figure:
         ceiling = run_ceiling(data, [r for r in data["results"] if r["dtype"] == dtype])
         for i in range(len(panels)):
             fig.add_trace(go.Scatter(
-                x=[lengths[0], lengths[-1]], y=[ceiling, ceiling], mode="lines", line=dict(color="black", dash="dot"),
-                name=f"fp16 matmul, same run: {ceiling:.0f}", legendgroup="ceiling", showlegend=i == 0,
+                x=[lengths[0], lengths[-1]], y=[ceiling, ceiling], mode="lines", line=CEILING_LINE,
+                name=f"fp16 matmul ceiling, same run: {ceiling:.0f} TFLOP/s", legendgroup="ceiling", showlegend=i == 0,
                 visible=dtype == dtypes[0], hovertemplate=f"fp16 matmul ceiling: {ceiling:.0f} TFLOP/s<extra></extra>",
             ), row=i // 2 + 1, col=i % 2 + 1)
             trace_dtypes.append(dtype)
+    # The dtype buttons sit above the panels' titles, at the left (in the title's margin).
     fig.update_layout(updatemenus=[dict(
-        type="buttons", direction="right", x=1, y=1.0 + 0.5 / len(head_dims), xanchor="right",
+        type="buttons", direction="right", x=0, xanchor="left", y=1.0, yanchor="bottom", pad=dict(b=34, t=0),
         buttons=[dict(label=dt, method="update", args=[{"visible": [t == dt for t in trace_dtypes]}]) for dt in dtypes],
-    )], height=380 * len(head_dims) + 200, hovermode="closest", margin=dict(t=170, b=140))
-    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths], title="sequence length N")
+        active=0, showactive=True, font=dict(size=12),
+    )])
+    fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
+    fig.update_xaxes(title="sequence length N", row=len(head_dims))
     fig.update_yaxes(title="TFLOP/s", rangemode="tozero", col=1)
-    return measured_layout(fig, data, title)
+    return measured_layout(fig, data, title, height=360 * len(head_dims) + 240, above=40)
 
 
 @figure("ch05-tflops")
@@ -65,7 +75,7 @@ def fa2_tflops(data: dict | None = None) -> go.Figure:
 
 
 @figure("ch05-ratio-table")
-def fa2_ratio_table(data: dict | None = None) -> go.Figure:
+def fa2_ratio_table(data: dict | None = None) -> Table:
     """The tuned forward against cuDNN and torch flash (and the teaching kernel and FlashAttention-1 against
     them), N ≥ 4096, each cell flagged against its bar."""
     return chapter_ratio_table(data or load_data("ch05_fwd"), "forward",
@@ -99,11 +109,11 @@ def ch05_hbm_vs_n(data: dict | None = None) -> go.Figure:
                      "HBM traffic of one forward: naive, FlashAttention-1 and FlashAttention-2 (fp16, Nsight Compute)")
 
 
-PROBE_VARIANTS = [  # (warp_specialize, lazy_rescale) → label and colour in the schedule probe
-    ((False, False), "plain (best forced configuration)", "#ff7f0e"),
-    ((True, False), "+ warp specialisation", "#17becf"),
-    ((False, True), "+ lazy rescale (threshold 8)", "#bcbd22"),
-    ((True, True), "+ both", "#7f7f7f"),
+PROBE_VARIANTS = [  # (warp_specialize, lazy_rescale) → label and colour in the schedule probe: shades of the tuned kernel's
+    ((False, False), "plain (best forced configuration)", TUNED_VARIANT_COLOURS[0]),
+    ((True, False), "+ warp specialisation", TUNED_VARIANT_COLOURS[1]),
+    ((False, True), "+ lazy rescale (threshold 8)", TUNED_VARIANT_COLOURS[2]),
+    ((True, True), "+ both", TUNED_VARIANT_COLOURS[3]),
 ]
 
 
@@ -124,8 +134,8 @@ def schedule_probe(data: dict | None = None) -> go.Figure:
     for key in ("sdpa-cudnn", "sdpa-flash"):
         picked = {(r["head_dim"], r["causal"], r["n"]): r for r in rows if r["variant"] == key and r["status"] == "ok"}
         fig.add_trace(go.Bar(x=names, y=[picked[c]["tflops"] if c in picked else None for c in cells],
-                             name=picked[cells[0]]["provider"], marker_color=PROVIDER_COLOURS[key],
-                             hovertemplate="%{x}: %{y:.0f} TFLOP/s<extra>%{fullData.name}</extra>"))
+                             name=picked[cells[0]]["provider"], marker_color=provider_colour(key),
+                             hovertemplate="%{fullData.name}<br>%{x}: %{y:.0f} TFLOP/s<extra></extra>"))
     for (ws, lazy), label, colour in PROBE_VARIANTS:
         best, configs = [], []
         for cell in cells:
@@ -136,24 +146,24 @@ def schedule_probe(data: dict | None = None) -> go.Figure:
             best.append(top["tflops"] if top else None)
             configs.append(top["provider"] if top else "none compiled")
         fig.add_trace(go.Bar(x=names, y=best, name=label, marker_color=colour, customdata=configs,
-                             hovertemplate="%{x}: %{y:.0f} TFLOP/s<br>%{customdata}<extra>" + label + "</extra>"))
+                             hovertemplate=label + "<br>%{x}: %{y:.0f} TFLOP/s<br>%{customdata}<extra></extra>"))
     fig.update_yaxes(title="TFLOP/s (float16, forward)", rangemode="tozero")
-    fig.update_layout(barmode="group", height=600, margin=dict(b=170, t=150))
-    measured_layout(fig, data, "Warp specialisation and lazy rescaling, tried: each variant's best of up to 6 forced "
-                       "configurations<br>(each timed once, in turn, before the harness took turns between providers)")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
-    return fig
+    fig.update_xaxes(tickangle=-40)
+    fig.update_layout(barmode="group")
+    add_notes(fig, "Each forced configuration was timed once, in turn, before the harness took turns between providers.")
+    return measured_layout(fig, data, "Warp specialisation and lazy rescaling, tried: each variant's best of up to 6 "
+                                      "forced configurations", height=620)
 
 
 SPLIT_PROBE_COLOURS = {  # provider label in data/ch05_head_dim_split.json → bar colour
-    "torch SDPA: cuDNN": PROVIDER_COLOURS["sdpa-cudnn"],
-    "tuned, two blocks when they save columns": "#ff7f0e",
-    "tuned, one padded block": "#c7c7c7",
-    "torch SDPA: flash": PROVIDER_COLOURS["sdpa-flash"],
+    "torch SDPA: cuDNN": provider_colour("sdpa-cudnn"),
+    "tuned, two blocks when they save columns": TUNED_VARIANT_COLOURS[0],
+    "tuned, one padded block": TUNED_VARIANT_COLOURS[2],
+    "torch SDPA: flash": provider_colour("sdpa-flash"),
 }
 
 
-def _probe_bars(data: dict, colours: dict[str, str], title: str, bottom: int, legend_y: float) -> go.Figure:
+def _probe_bars(data: dict, colours: dict[str, str], title: str) -> go.Figure:
     """A probe's TFLOP/s as grouped bars per cell, one trace per provider label in `colours`, each bar's
     ratio to cuDNN (measured in the same run) on hover."""
     from tutorial_kernels.bench import PROVIDERS
@@ -168,12 +178,11 @@ def _probe_bars(data: dict, colours: dict[str, str], title: str, bottom: int, le
         fig.add_trace(go.Bar(
             x=names, y=[by_cell[c]["tflops"] if c in by_cell else None for c in cells], name=label, marker_color=colour,
             customdata=[by_cell[c]["tflops"] / cudnn[c] if c in by_cell and c in cudnn else None for c in cells],
-            hovertemplate="%{x}: %{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra>" + label + "</extra>"))
+            hovertemplate=label + "<br>%{x}<br>%{y:.0f} TFLOP/s, %{customdata:.2f}× cuDNN<extra></extra>"))
     fig.update_yaxes(title="TFLOP/s (bfloat16, forward)", rangemode="tozero")
-    fig.update_layout(barmode="group", height=560, margin=dict(b=bottom, t=150))
-    measured_layout(fig, data, title)
-    fig.update_layout(hovermode="closest", legend=dict(y=legend_y))
-    return fig
+    fig.update_xaxes(tickangle=-40)
+    fig.update_layout(barmode="group")
+    return measured_layout(fig, data, title, height=600)
 
 
 @figure("ch05-head-dim-split")
@@ -182,16 +191,10 @@ def head_dim_split(data: dict | None = None) -> go.Figure:
     torch flash in the same run; d = 128 (one block either way) as the control
     (data/ch05_head_dim_split.json, experiments/2026-11-22_head_dim_split/probe_head_dim_split.py)."""
     return _probe_bars(data or load_data("ch05_head_dim_split"), SPLIT_PROBE_COLOURS,
-                       "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128",
-                       bottom=150, legend_y=-0.3)
+                       "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128")
 
 
-HOPPER_PROBE_COLOURS = {  # provider key in tutorial_kernels.bench → bar colour in the Hopper probe's figure
-    "sdpa-cudnn": PROVIDER_COLOURS["sdpa-cudnn"],
-    "flash-v2-hopper": "#d62728",
-    "flash-v2-tuned": "#ff7f0e",
-    "sdpa-flash": PROVIDER_COLOURS["sdpa-flash"],
-}
+HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"]  # in the Hopper probe's figure
 
 
 @figure("ch05-hopper")
@@ -201,17 +204,16 @@ def hopper_schedule(data: dict | None = None) -> go.Figure:
     from tutorial_kernels.bench import PROVIDERS
 
     return _probe_bars(data or load_data("ch05_hopper"),
-                       {PROVIDERS[key].label: colour for key, colour in HOPPER_PROBE_COLOURS.items()},
-                       "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel",
-                       bottom=170, legend_y=-0.32)
+                       {PROVIDERS[key].label: provider_colour(key) for key in HOPPER_PROBE_PROVIDERS},
+                       "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel")
 
 
 PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.json → bar colour
-    "Hopper kernel (ch. 5), as launched": "#d62728",
-    "Hopper kernel, forced persistent": "#ff9896",
-    "Hopper kernel, forced one program per item": "#8c564b",
-    "FlashAttention-2 tuned, Triton (ch. 5)": "#ff7f0e",
-    "torch SDPA, as transformers calls it": PROVIDER_COLOURS["sdpa-cudnn"],
+    "Hopper kernel (ch. 5), as launched": HOPPER_VARIANT_COLOURS[0],
+    "Hopper kernel, forced persistent": HOPPER_VARIANT_COLOURS[1],
+    "Hopper kernel, forced one program per item": HOPPER_VARIANT_COLOURS[2],
+    "FlashAttention-2 tuned, Triton (ch. 5)": provider_colour("flash-v2-tuned"),
+    "torch SDPA, as transformers calls it": provider_colour("sdpa-default"),
 }
 
 
@@ -228,11 +230,10 @@ def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
         fig.add_trace(go.Bar(
             x=[f"N = {n}" for n in lengths], y=[by_n[n]["speed_vs_cudnn"] if n in by_n else None for n in lengths],
             customdata=[by_n[n]["ms"] * 1e3 if n in by_n else None for n in lengths], name=label,
-            marker_color=colour, hovertemplate="%{x}: %{y:.3f}× cuDNN, %{customdata:.1f} µs<extra>" + label + "</extra>"))
-    fig.add_hline(y=1.0, line_dash="dot", line_color=PROVIDER_COLOURS["sdpa-cudnn"],
+            marker_color=colour, hovertemplate=label + "<br>%{x}: %{y:.3f}× cuDNN<br>%{customdata:.1f} µs<extra></extra>"))
+    fig.add_hline(y=1.0, line_dash="dot", line_color=provider_colour("sdpa-cudnn"),
                   annotation_text="cuDNN", annotation_position="top left")
     fig.update_yaxes(title="speed relative to cuDNN (its time / ours)", rangemode="tozero")
-    fig.update_layout(barmode="group", height=540, margin=dict(b=170, t=150))
-    measured_layout(fig, data, "Prefill attention shape (32 query heads, 8 key/value heads, d = 128, causal) on an H100")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.3))
-    return fig
+    fig.update_layout(barmode="group")
+    return measured_layout(fig, data, "Prefill attention shape (32 query heads, 8 key/value heads, d = 128, causal) "
+                                      "on an H100", height=560)

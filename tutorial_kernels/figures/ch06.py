@@ -7,8 +7,6 @@ backward (data/ch06_memory.json; on the Benchmarks page too).
 
 from __future__ import annotations
 
-import math
-
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -17,12 +15,14 @@ from tutorial_kernels.figures.ratios import chapter_ratio_table
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data, load_optional, ok_rows, provider_keys, provider_label
 from tutorial_kernels.figures.style import (
-    PROVIDER_COLOURS,
-    TORCH_PROVIDERS,
-    bench_colour,
     measured_layout,
     ordered_providers,
+    provider_colour,
+    provider_line,
+    reference_line,
+    style_figure,
 )
+from tutorial_kernels.figures.tables import Table
 
 
 @figure("ch06-bwd-tflops")
@@ -31,7 +31,7 @@ def backward_tflops(data: dict | None = None) -> go.Figure:
 
 
 @figure("ch06-ratio-table")
-def backward_ratio_table(data: dict | None = None) -> go.Figure:
+def backward_ratio_table(data: dict | None = None) -> Table:
     """Chapter 6's backward against cuDNN's and torch flash's, N ≥ 4096, flagged against the bars."""
     return chapter_ratio_table(data or load_data("ch06_bwd"), "backward",
                                 "Backward (dQ, dK, dV) as a multiple of torch's cuDNN and flash backends, N ≥ 4096")
@@ -42,9 +42,10 @@ def training_curves(data: dict | None = None, window: int = 20) -> go.Figure:
     """Loss per step (moving average over `window` steps) of the GPT trained with each attention and
     seed, and each run's median step time."""
     data = data or load_data("ch06_training")
-    fig = make_subplots(rows=1, cols=2, column_widths=[0.72, 0.28], horizontal_spacing=0.1,
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.7, 0.3], horizontal_spacing=0.12,
                         subplot_titles=[f"training loss (mean of {window} steps)", "median step time"])
-    colours = {"torch": PROVIDER_COLOURS.get("sdpa-flash", "#1f77b4"), "tutorial": PROVIDER_COLOURS.get("flash-v2-tuned", "#d62728")}
+    # torch's attention in training dispatches to its flash backend; ours is chapter 6's forward + backward
+    colours = {"torch": provider_colour("sdpa-flash"), "tutorial": provider_colour("flash-attention")}
     names = {"torch": "F.scaled_dot_product_attention", "tutorial": "this tutorial's flash_attention"}
     for run in data["runs"]:
         losses = run["losses"]
@@ -52,17 +53,21 @@ def training_curves(data: dict | None = None, window: int = 20) -> go.Figure:
         label = f"{names[run['attention']]}, seed {run['seed']}"
         fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=smooth, mode="lines", name=label,
                                  line=dict(color=colours[run["attention"]], dash="solid" if run["seed"] == 0 else "dot"),
-                                 hovertemplate="step %{x}: %{y:.3f}<extra>" + label + "</extra>"), row=1, col=1)
-        fig.add_trace(go.Bar(x=[f"{run['attention']} s{run['seed']}"], y=[run["median_step_ms"]], showlegend=False,
-                             marker_color=colours[run["attention"]], hovertemplate="%{y:.1f} ms<extra>" + label + "</extra>"),
-                      row=1, col=2)
+                                 hovertemplate=label + "<br>step %{x}: %{y:.3f}<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Bar(x=[f"{run['attention']}<br>seed {run['seed']}"], y=[run["median_step_ms"]], showlegend=False,
+                             marker_color=colours[run["attention"]],
+                             hovertemplate=label + "<br>%{y:.1f} ms per step<extra></extra>"), row=1, col=2)
     c = data["config"]
     fig.update_xaxes(title="step", row=1, col=1)
+    fig.update_xaxes(tickangle=0, row=1, col=2)
     fig.update_yaxes(title="cross-entropy (nats per character)", row=1, col=1)
     fig.update_yaxes(title="ms per step", rangemode="tozero", row=1, col=2)
-    fig.update_layout(height=520, hovermode="closest", margin=dict(t=150, b=150))
     return measured_layout(fig, data, f"A {c['n_layer']}-layer GPT ({c['n_head']} heads of {c['n_embd'] // c['n_head']}, "
-                              f"context {c['block_size']}, batch {c['batch_size']}, bf16 autocast)")
+                                      f"context {c['block_size']}, batch {c['batch_size']}, bf16 autocast)",
+                           height=560)
+
+
+OUT_OF_MEMORY = {"oom": "out of memory"}
 
 
 @figure("bench-memory")
@@ -81,38 +86,33 @@ def bench_memory(data: dict | bool | None = None) -> go.Figure:
                            xref="paper", yref="paper", x=0.5, y=0.5, showarrow=False, font=dict(size=14))
         fig.update_xaxes(visible=False)
         fig.update_yaxes(visible=False)
-        fig.update_layout(title="Peak memory of forward + backward vs N", template="plotly_white", height=260)
-        return fig
+        return style_figure(fig, "Peak memory of forward + backward vs N", height=260)
     fig = go.Figure()
     capacity = data["provenance"].get("gpu_memory_gib")
     for key in ordered_providers(provider_keys(data)):
         rows = sorted(ok_rows(data, provider_key=key), key=lambda r: r["n"])
         fig.add_trace(go.Scatter(
             x=[r["n"] for r in rows], y=[r["peak_extra_mib"] for r in rows], mode="lines+markers",
-            name=provider_label(data, key), legendgroup=key,
-            line=dict(color=bench_colour(key), dash="dash" if key in TORCH_PROVIDERS else "solid"),
+            name=provider_label(data, key), legendgroup=key, line=provider_line(key),
             customdata=[[r["ms"]] for r in rows],
-            hovertemplate="N = %{x}: %{y:,.0f} MiB, %{customdata[0]:.2f} ms<extra>" + provider_label(data, key) + "</extra>",
+            hovertemplate="%{fullData.name}<br>N = %{x}: %{y:,.0f} MiB, %{customdata[0]:.2f} ms<extra></extra>",
         ))
         oom = sorted((r for r in data["results"] if r["provider_key"] == key and r["status"] != "ok"), key=lambda r: r["n"])
         if oom and capacity:
+            what = ", ".join(sorted({OUT_OF_MEMORY.get(r["status"], r["status"]) for r in oom}))
             fig.add_trace(go.Scatter(
                 x=[r["n"] for r in oom], y=[capacity * 1024] * len(oom), mode="markers", legendgroup=key,
-                name=f"{provider_label(data, key)}: {', '.join(sorted({r['status'] for r in oom}))}", showlegend=False,
-                marker=dict(symbol="x", size=13, color=bench_colour(key), line=dict(width=2)),
-                text=[r["status"] for r in oom],
-                hovertemplate="N = %{x}: %{text}<extra>" + provider_label(data, key) + "</extra>",
+                name=f"{provider_label(data, key)}: {what}",
+                marker=dict(symbol="x", size=13, color=provider_colour(key), line=dict(width=2)),
+                hovertemplate=f"{provider_label(data, key)}<br>" + "N = %{x}: " + what + "<extra></extra>",
             ))
     if capacity:
-        fig.add_hline(y=capacity * 1024, line=dict(color="black", dash="dot"))
-        # placed by hand: on a log axis an annotation's y is log10 of the value
-        fig.add_annotation(text=f"GPU memory: {capacity:.0f} GiB (×: ran out of memory)", xref="paper", x=1,
-                           yref="y", y=math.log10(capacity * 1024), xanchor="right", yanchor="top",
-                           showarrow=False, font=dict(size=11))
+        # the label at the left end of the line, under it: a run out of memory has its × at the right end
+        reference_line(fig, capacity * 1024, f"GPU memory: {capacity:.0f} GiB", log=True)
     lengths = sorted({r["n"] for r in data["results"]})
     r0 = data["results"][0]
     fig.update_xaxes(title="sequence length N", type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_yaxes(title="peak extra memory of forward + backward (MiB)", type="log")
-    fig.update_layout(height=560, margin=dict(b=140), hovermode="closest")
+    fig.update_yaxes(title="peak extra memory of forward + backward (MiB)", type="log", dtick=1, tickformat=",~g")
     return measured_layout(fig, data, f"Memory of one forward + backward vs N (B = {r0['batch']}, H = {r0['heads']}, "
-                              f"d = {r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ''})")
+                                      f"d = {r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ''})",
+                           height=600)

@@ -11,17 +11,19 @@ from plotly.subplots import make_subplots
 
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
-from tutorial_kernels.figures.style import HEADER_FILL, PROVIDER_COLOURS, measured_layout
+from tutorial_kernels.figures.style import (
+    IMPL_COLOURS,
+    LABEL_WIDTH,
+    LENGTH_COLOURS,
+    add_notes,
+    log_ticks,
+    measured_layout,
+    measured_table,
+    set_narrow,
+    wrap,
+)
+from tutorial_kernels.figures.tables import Table
 from tutorial_kernels.integrations.prefill import compare_with_sdpa
-
-# the colours the benchmark pages use for the same kernels
-IMPL_COLOURS = {
-    "eager": PROVIDER_COLOURS["eager"],
-    "sdpa": PROVIDER_COLOURS["sdpa-default"],
-    "tutorial_fa2": PROVIDER_COLOURS["flash-v2-tuned"],
-}
-# one colour per prompt length, light to dark as in a sequential scale
-LENGTH_COLOURS = ["#c6dbef", "#9ecae1", "#6baed6", "#3182bd", "#08519c", "#08306b"]
 
 
 def _rows(data: dict) -> dict:
@@ -42,7 +44,7 @@ def _not_measured(data: dict) -> str:
     models = data["models"]
     gaps = [f"{models[r['model']]['label']} {r['impl']} N={r['n']}: {r['status']}"
             for r in data["results"] if r["status"] != "ok"]
-    return "not measured — " + "; ".join(gaps) if gaps else ""
+    return "Not measured: " + "; ".join(gaps) + "." if gaps else ""
 
 
 @figure("prefill-speedup")
@@ -73,22 +75,19 @@ def prefill_speedup(data: dict | None = None) -> go.Figure:
                     texts.append("OOM" if all(st in ("oom", "skipped") for _, st in missing) else "—")
                     hovers.append(", ".join(f"{name} {st}" for name, st in missing))
             fig.add_trace(go.Bar(
-                x=labels, y=speedups, text=texts, textposition="outside", textfont=dict(size=9), cliponaxis=False,
+                x=labels, y=speedups, text=texts, textposition="outside", textangle=-90, textfont=dict(size=10),
+                cliponaxis=False,
                 name=str(n), legendgroup=str(n), showlegend=col == 1,
                 marker_color=LENGTH_COLOURS[i % len(LENGTH_COLOURS)], customdata=hovers,
-                hovertemplate="%{x}, N = " + str(n) + ": %{customdata}<extra></extra>",
+                hovertemplate="%{x}, N = " + str(n) + "<br>%{customdata}<extra></extra>",
             ), row=1, col=col)
     fig.add_hline(y=1.0, line=dict(color=IMPL_COLOURS["eager"], dash="dot"))
     fig.update_yaxes(title="prefill speedup over eager attention (×)", rangemode="tozero", col=1)
-    gaps = _not_measured(data)
-    if gaps:
-        fig.add_annotation(text=gaps, xref="paper", yref="paper", x=0, y=-0.28, showarrow=False,
-                           font=dict(size=11), xanchor="left")
-    fig.update_layout(barmode="group", height=540)
-    fig = measured_layout(fig, data, "Prefill speedup over eager attention, batch 1, bfloat16 (grouped like the ROCm blog's)")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.1, title_text="prompt length N:"),
-                      margin=dict(t=140, b=150))
-    return fig
+    add_notes(fig, _not_measured(data))
+    fig.update_layout(barmode="group", legend=dict(title=dict(text="prompt length N:", side="top")))
+    set_narrow(fig, **{"uniformtext.minsize": 10, "uniformtext.mode": "hide"})  # a phone: the values on hover only
+    return measured_layout(fig, data, "Prefill speedup over eager attention, batch 1, bfloat16 (grouped like the "
+                                      "ROCm blog's)", height=600)
 
 
 @figure("prefill-latency")
@@ -100,7 +99,7 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
     lengths = _lengths(data)
     models = data["models"]
     fig = make_subplots(rows=1, cols=len(models), horizontal_spacing=0.06,
-                        subplot_titles=[f"{m['label']}<br><sup>{m['params_billion']:.1f} B parameters</sup>"
+                        subplot_titles=[f"{m['label']}<br>{m['params_billion']:.1f} B parameters"
                                         for m in models.values()])
     for col, key in enumerate(models, start=1):
         ok_ms = [r["ms"] for (m, _, _), r in rows.items() if m == key and r["status"] == "ok"]
@@ -113,7 +112,8 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
                 name=_impl_label(data, impl), legendgroup=impl, showlegend=col == 1,
                 line=dict(color=IMPL_COLOURS.get(impl)),
                 customdata=[[r["peak_gib"], r["reps"]] for r in ok],
-                hovertemplate="N = %{x}: %{y:.1f} ms (peak %{customdata[0]:.1f} GiB, median of %{customdata[1]})"
+                hovertemplate="%{fullData.name}<br>N = %{x}: %{y:.1f} ms<br>"
+                              "peak %{customdata[0]:.1f} GiB, median of %{customdata[1]}"
                               "<extra>" + _impl_label(data, impl) + "</extra>",
             ), row=1, col=col)
             failed = [r for r in picked if r["status"] != "ok"]
@@ -124,17 +124,17 @@ def prefill_latency(data: dict | None = None) -> go.Figure:
                     textposition="bottom center", textfont=dict(size=10, color=IMPL_COLOURS.get(impl)),
                     marker=dict(symbol="x", size=10, color=IMPL_COLOURS.get(impl)),
                     name=f"{_impl_label(data, impl)}: not measured", legendgroup=impl, showlegend=False,
-                    customdata=[r.get("reason", r["status"]) for r in failed],
-                    hovertemplate="N = %{x}: %{customdata}<extra>" + _impl_label(data, impl) + "</extra>",
+                    customdata=[wrap(r.get("reason", r["status"]), LABEL_WIDTH) for r in failed],
+                    hovertemplate=_impl_label(data, impl) + "<br>N = %{x}: %{customdata}<extra></extra>",
                 ), row=1, col=col)
     fig.update_xaxes(type="log", tickvals=lengths, ticktext=[str(n) for n in lengths])
-    fig.update_xaxes(title="prompt length N (tokens)", col=(len(models) + 1) // 2)
-    fig.update_yaxes(type="log", dtick="D2")  # 1, 2, 5 per decade: the default labels every digit
+    fig.update_xaxes(title="prompt length N (tokens)")
+    times = [r["ms"] for r in data["results"] if r["status"] == "ok"]
+    ticks = log_ticks(min(times) * 0.8, max(times) * 2.2)  # 1, 2, 5 per decade: the default labels every digit
+    fig.update_yaxes(type="log", tickvals=ticks, ticktext=[f"{t:,g}" for t in ticks])
     fig.update_yaxes(title="prefill latency, one forward (ms)", col=1)
-    fig.update_layout(height=540)
-    fig = measured_layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights")
-    fig.update_layout(hovermode="closest", legend=dict(y=-0.24), margin=dict(t=140, b=130))
-    return fig
+    return measured_layout(fig, data, "Prefill latency vs prompt length, batch 1, bfloat16, random weights",
+                           height=580)
 
 
 SDPA_BAR_MIN_N = 2048  # issue 8: from this length on, our prefill must be no slower than sdpa's
@@ -143,43 +143,40 @@ VERDICT_MARKS = {"faster": ("✓ faster", "#c7e9c0"), "undecided": ("≈ undecid
 
 
 @figure("prefill-vs-sdpa")
-def prefill_vs_sdpa(data: dict | None = None) -> go.Figure:
+def prefill_vs_sdpa(data: dict | None = None) -> Table:
     """Our prefill latency over sdpa's, per model and length, by pairs of turns with a 95 % interval
     (`prefill.compare_with_sdpa`),
     against issue 8's bar: not slower at any length from SDPA_BAR_MIN_N on (below it, for reference)."""
     data = data or load_data("prefill")
     compared = compare_with_sdpa(data)
     lengths = _lengths(data)
-    header = ["<b>model</b>", *[f"<b>N = {n}</b>" for n in lengths]]
-    cells, colours = [[m["label"] for m in data["models"].values()]], [["white"] * len(data["models"])]
+    header = ["model", *[f"N = {n}" for n in lengths]]
+    cells, colours = [[m["label"] for m in data["models"].values()]], [[None] * len(data["models"])]
     for n in lengths:
         column, fill = [], []
         for key in data["models"]:
             c = compared.get((key, n))
             if c is None:
                 column.append("—")
-                fill.append("white")
+                fill.append(None)
                 continue
             if c["low"] is None:
                 text = f"{c['ratio']:.3f}" if c["verdict"] is None else f"{c['ratio']:.4f}"
             else:  # four decimals: an end just below 1 must not print as 1.000 beside "faster"
                 text = f"{c['ratio']:.4f}<br>[{c['low']:.4f}, {c['high']:.4f}]"
-            mark, colour = VERDICT_MARKS.get(c["verdict"], ("", "white"))
+            mark, colour = VERDICT_MARKS.get(c["verdict"], ("", None))
             column.append(f"{text}<br>{mark}" if mark else text)
-            fill.append(colour if n >= SDPA_BAR_MIN_N else "white")
+            fill.append(colour if n >= SDPA_BAR_MIN_N else None)
         cells.append(column)
         colours.append(fill)
-    fig = go.Figure(go.Table(header=dict(values=header, align="left", fill_color=HEADER_FILL),
-                             cells=dict(values=cells, fill_color=colours, align="left", height=64)))
-    fig.update_layout(height=420)
-    measured_layout(fig, data, "Prefill latency, ours / sdpa, by pairs of turns: median ratio [95 % interval]<br>"
-            f"bar: not slower from N = {SDPA_BAR_MIN_N} (shaded cells)")
-    fig.update_layout(margin=dict(t=150, l=10, r=10, b=10))
-    return fig
+    return measured_table(header, cells, data, "Prefill latency, ours / sdpa, by pairs of turns: median ratio "
+                          "[95 % interval]", fills=colours, align=["left"] + ["right"] * len(lengths),
+                          notes=[f"The bar: not slower from N = {SDPA_BAR_MIN_N} on (shaded cells). A ratio without "
+                                 "an interval comes from a run that did not record each forward's time."])
 
 
 @figure("prefill-launch-cost")
-def prefill_launch_cost(data: dict | None = None) -> go.Figure:
+def prefill_launch_cost(data: dict | None = None) -> Table:
     """One layer's attention call as the model makes it, ours against torch SDPA: CPU cost per call
     and GPU time (data/launch_overhead.json): what a prefill pays per layer besides the kernel's speed."""
     data = data or load_data("launch_overhead")
@@ -192,19 +189,13 @@ def prefill_launch_cost(data: dict | None = None) -> go.Figure:
     cells = [[shape[m] for m, _ in keys], [i for _, i in keys],
              [f"{cpu[k]:.0f}" if k in cpu else "—" for k in keys],
              *[[f"{gpu[(m, i, n)] * 1e3:.0f}" if (m, i, n) in gpu else "—" for m, i in keys] for n in lengths]]
-    fig = go.Figure(go.Table(
-        header=dict(values=["<b>attention shape of</b>", "<b>implementation</b>", "<b>CPU µs per call (N = 16)</b>",
-                            *[f"<b>GPU µs, N = {n}</b>" for n in lengths]], align="left", fill_color=HEADER_FILL),
-        cells=dict(values=cells, align="left", height=30), columnwidth=[2.4, 2.2, 1.4, 1.2, 1.2, 1.2][: len(cells)],
-    ))
-    fig.update_layout(height=200 + 42 * len(keys))  # header and labels may wrap to two lines
-    measured_layout(fig, data, "One layer's attention call as the model makes it, bfloat16, causal, batch 1")
-    fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
-    return fig
+    header = ["attention shape of", "implementation", "CPU µs per call (N = 16)", *[f"GPU µs, N = {n}" for n in lengths]]
+    return measured_table(header, cells, data, "One layer's attention call as the model makes it, bfloat16, causal, "
+                          "batch 1", align=["left", "left"] + ["right"] * (len(cells) - 2))
 
 
 @figure("prefill-attention-in-model")
-def prefill_attention_in_model(data: dict | None = None) -> go.Figure:
+def prefill_attention_in_model(data: dict | None = None) -> Table:
     """One layer's attention in Mistral-7B's prefill, timed alone and inside whole forwards, with the
     forward's latency (data/prefill_attention_in_model.json): where a kernel's speed alone and its
     speed in the model part."""
@@ -217,13 +208,7 @@ def prefill_attention_in_model(data: dict | None = None) -> go.Figure:
              [us(r, "alone_l2_warm_us") for r in rows], [us(r, "in_model_us") for r in rows],
              [f"{r['ms']:.1f}" if r["status"] == "ok" else r["status"] for r in rows],
              [f"{r['ms'] / sdpa[r['n']]['ms']:.3f}" if r["status"] == "ok" else "—" for r in rows]]
-    fig = go.Figure(go.Table(
-        header=dict(values=["<b>N</b>", "<b>attention</b>", "<b>µs per call alone (L2 warm)</b>",
-                            "<b>µs per call in the model</b>", "<b>forward ms (median)</b>", "<b>forward / sdpa</b>"],
-                    align="left", fill_color=HEADER_FILL),
-        cells=dict(values=cells, align="left", height=26), columnwidth=[0.7, 3.2, 1.4, 1.4, 1.3, 1.2],
-    ))
-    fig.update_layout(height=200 + 36 * len(rows))  # labels may wrap to two lines
-    measured_layout(fig, data, "Mistral-7B prefill: one layer's attention alone and inside the forward pass")
-    fig.update_layout(margin=dict(t=130, l=10, r=10, b=10))
-    return fig
+    header = ["N", "attention", "µs per call alone (L2 warm)", "µs per call in the model", "forward ms (median)",
+              "forward / sdpa"]
+    return measured_table(header, cells, data, "Mistral-7B prefill: one layer's attention alone and inside the "
+                          "forward pass", align=["right", "left", "right", "right", "right", "right"])

@@ -2,16 +2,15 @@
 
 `PASSES` names the forward and backward benchmark files and our best kernel in each; `BARS` the
 targets (a multiple of the reference's TFLOP/s, at N ≥ `BAR_MIN_N`); `ratio_rows` computes the ratios
-cell by cell and `ratio_table` shows them with the cells below a bar flagged. Used by chapters 5
-and 6 (`chapter_ratio_table`) and by the Benchmarks page.
+cell by cell and `ratio_table` shows them as an HTML table (`tables.Table`) with the cells below a bar
+flagged. Used by chapters 5 and 6 (`chapter_ratio_table`) and by the Benchmarks page.
 """
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
-
 from tutorial_kernels.figures.rows import ok_rows, provider_keys
-from tutorial_kernels.figures.style import HEADER_FILL, measured_layout
+from tutorial_kernels.figures.runs import file_lines, file_runs, short_line
+from tutorial_kernels.figures.tables import KEEP_CLASS, Table
 
 # The two passes: the data file, the command that writes it, and our best kernel in it.
 PASSES = {
@@ -68,55 +67,59 @@ def below_bar(row: dict, ours: str) -> bool:
                for ref, b in row["bars"].items())
 
 
-_FAIL, _PASS, _PLAIN = "#fbd5d0", "#e3f2e5", "white"
+FAIL_FILL, PASS_FILL = "#fbd5d0", "#e3f2e5"
+NAMES = {"forward": "tuned (ch. 5)", "backward": "ours (ch. 6)", "flash-v2-triton": "teaching (ch. 5)",
+         "flash-v1-triton": "FA-1 (ch. 4)"}
+SHORT_REFERENCES = {"sdpa-cudnn": "× cuDNN", "sdpa-flash": "× torch flash"}
+HOW_TO_READ = ("Each ratio is TFLOP/s over TFLOP/s in the same cell (d, causal, dtype, N) of the same file. "
+               "Our best kernel's ratios: red with ▼ below the project's bar (in brackets), green with ✓ at or "
+               "above it, uncoloured where no bar applies; the other kernels of ours are not flagged.")
 
 
-def ratio_table(data: dict, pass_name: str, rows: list[dict]) -> go.Table:
-    """`rows` (of `ratio_rows`) as a table: our best kernel's ratios red with ▼ below their bar, green
-    with ✓ at or above it, white where no bar applies; the pass's other kernels of ours unflagged."""
+def ratio_table(data: dict, pass_name: str, rows: list[dict]) -> Table:
+    """`rows` (of `ratio_rows`) as an HTML table: our best kernel's ratios red with ▼ below their bar,
+    green with ✓ at or above it, uncoloured where no bar applies; the pass's other kernels of ours
+    unflagged. A row with a ratio below its bar has the class `KEEP_CLASS` (the Benchmarks page's
+    checkbox keeps those)."""
     ours = PASSES[pass_name]["ours"]
     providers = set(provider_keys(data))
     who = [ours] + [k for k in OTHERS[pass_name] if k in providers]
-    short = {"sdpa-cudnn": "cuDNN", "sdpa-flash": "torch flash"}
-    name = {ours: "ours (ch. 6)" if pass_name == "backward" else "tuned (ch. 5)", "flash-v2-triton": "teaching (ch. 5)",
-            "flash-v1-triton": "FA-1 (ch. 4)"}
-    header = ["d", "causal", "dtype", "N", f"{name[ours]}<br>TFLOP/s"]
+    header = ["d", "causal", "dtype", "N", "TFLOP/s"]
     columns = [[r["head_dim"] for r in rows], ["yes" if r["causal"] else "no" for r in rows],
                [r["dtype"] for r in rows], [r["n"] for r in rows], [f"{r['tflops']:.0f}" for r in rows]]
-    fills = [[_PLAIN] * len(rows) for _ in columns]
+    fills: list[list] = [[None] * len(rows) for _ in columns]
     for w in who:
         for ref in REFERENCES:
-            header.append(f"{name.get(w, w)}<br>× {short[ref]}")
+            header.append(SHORT_REFERENCES[ref])
             text, fill = [], []
             for r in rows:
                 value = r["ratios"].get((w, ref))
                 target = r["bars"][ref] if w == ours else None
                 if value is None:
                     text.append("—")
-                    fill.append(_PLAIN)
+                    fill.append(None)
                 elif target is None:
                     text.append(f"{value:.2f}")
-                    fill.append(_PLAIN)
+                    fill.append(None)
                 elif value < target:
                     digits = 2 if f"{value:.2f}" != f"{target:.2f}" else 3  # 1.349 is below 1.35
-                    text.append(f"<b>{value:.{digits}f} ▼</b> (bar {target:.2f})")
-                    fill.append(_FAIL)
+                    text.append(f"<b>{value:.{digits}f}&nbsp;▼</b> ({target:.2f})")
+                    fill.append(FAIL_FILL)
                 else:
-                    text.append(f"{value:.2f} ✓")
-                    fill.append(_PASS)
+                    text.append(f"{value:.2f}&nbsp;✓")
+                    fill.append(PASS_FILL)
             columns.append(text)
             fills.append(fill)
-    widths = [0.6, 0.8, 1.0, 0.8, 1.0] + [1.4 if w == ours else 1.0 for w in who for _ in REFERENCES]
-    return go.Table(
-        header=dict(values=[f"<b>{h}</b>" for h in header], align="center", fill_color=HEADER_FILL),
-        cells=dict(values=columns, align="center", height=24, fill_color=fills), columnwidth=widths,
-    )
+    groups = [("cell", 4), (NAMES[pass_name], 1 + len(REFERENCES))] + [(NAMES.get(w, w), len(REFERENCES)) for w in who[1:]]
+    return Table(header, columns, fills=fills, align=["left"] * 4 + ["right"] * (len(columns) - 4), header_groups=groups,
+                 row_classes=[KEEP_CLASS if below_bar(r, ours) else "" for r in rows])
 
 
-def chapter_ratio_table(data: dict, pass_name: str, title: str) -> go.Figure:
-    """The Benchmarks page's ratio table (bars flagged) for one pass, restricted to the cells the
-    chapter's targets cover, N ≥ BAR_MIN_N."""
+def chapter_ratio_table(data: dict, pass_name: str, title: str) -> Table:
+    """A chapter's ratio table (bars flagged) for one pass, restricted to the cells the chapter's
+    targets cover, N ≥ BAR_MIN_N."""
     rows = [r for r in ratio_rows(data, pass_name) if r["n"] >= BAR_MIN_N]
-    fig = go.Figure(ratio_table(data, pass_name, rows))
-    fig.update_layout(height=min(34 * len(rows) + 260, 1600), margin=dict(t=150, l=10, r=10, b=10))
-    return measured_layout(fig, data, title)
+    table = ratio_table(data, pass_name, rows)
+    table.title, table.subtitle = title, short_line(file_runs(data))
+    table.notes, table.provenance = [HOW_TO_READ], file_lines(data)
+    return table

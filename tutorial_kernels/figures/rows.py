@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from tutorial_kernels.paths import data_file
+from tutorial_kernels.paths import data_dir, data_file
 
 
 def load_data(name: str) -> dict:
@@ -50,3 +50,15 @@ def run_ceiling(data: dict, rows: list[dict]) -> float:
     run = runs.most_common(1)[0][0] if runs else None
     source = data if run is None else data["earlier_runs"][run]
     return source["ceilings"]["matmul_fp16_tflops"]
+
+
+def providers_by_file() -> dict[str, list[str]]:
+    """The provider keys of every data file that has them, by file name: the providers one figure can
+    show together (`style.colour_clashes(providers_by_file())` checks that their colours differ)."""
+    out = {}
+    for path in sorted(data_dir().glob("*.json")):
+        data = json.loads(path.read_text())
+        keys = [r["provider_key"] for r in data.get("results", []) if isinstance(r, dict) and "provider_key" in r]
+        if keys:
+            out[f"data/{path.name}"] = list(dict.fromkeys(keys))
+    return out

@@ -7,7 +7,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tutorial_kernels.figures.style import WAVE_COLOURS, short_command
+from tutorial_kernels.figures.style import WAVE_COLOURS, measured_layout, style_figure
 
 
 def timeline_figure(run, *, title: str | None = None, fig: go.Figure | None = None, row: int | None = None,
@@ -35,24 +35,15 @@ def timeline_figure(run, *, title: str | None = None, fig: go.Figure | None = No
             marker=dict(color=WAVE_COLOURS[(w - 1) % len(WAVE_COLOURS)], line=dict(width=0)),
             name=f"wave {w}", legendgroup=f"wave {w}", showlegend=showlegend,
             customdata=[[p, run.sm[p], run.start_ns[p] / 1e3, run.end_ns[p] / 1e3] for p in ps],
-            hovertemplate="program %{customdata[0]} on SM %{customdata[1]}<br>"
-                          "%{customdata[2]:.1f} → %{customdata[3]:.1f} µs<extra>wave " + str(w) + "</extra>",
+            hovertemplate="program %{customdata[0]} on SM %{customdata[1]}, wave " + str(w) + "<br>"
+                          "%{customdata[2]:.1f} → %{customdata[3]:.1f} µs<extra></extra>",
         ), **where)
     fig.update_yaxes(range=[run.sm_count - 0.5, -0.5], title="SM", showgrid=False, zeroline=False, **where)
     fig.update_xaxes(title="µs since the first program started", rangemode="tozero", **where)
     if own:
-        fig.update_layout(
-            title=dict(text=title or run.label, font=dict(size=15)), template="plotly_white", barmode="overlay",
-            height=520, bargap=0, legend=dict(orientation="h", yanchor="top", y=-0.14), hovermode="closest",
-        )
+        fig.update_layout(barmode="overlay", bargap=0)
+        style_figure(fig, title or run.label, height=520)
     return fig
-
-
-def timeline_caption(data: dict) -> str:
-    """The provenance line of a timeline file (GPU, triton, date, commit, command)."""
-    p = data["provenance"]
-    return (f"{p['gpu']} · triton {p['triton']} · {p['date_utc'][:10]} · commit {p['git_commit'][:8]} · "
-            f"<i>{short_command(p['command'])}</i>")
 
 
 def stacked_timelines(data: dict, titles: list[str], heading: str) -> go.Figure:
@@ -61,13 +52,9 @@ def stacked_timelines(data: dict, titles: list[str], heading: str) -> go.Figure:
     from tutorial_kernels.recorder import Timeline
 
     runs = [Timeline.from_dict(r) for r in data["timelines"]]
-    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.12)
+    fig = make_subplots(rows=len(runs), cols=1, subplot_titles=titles, vertical_spacing=0.14)
     most_waves = max(range(len(runs)), key=lambda i: max(runs[i].waves()))
     for i, run in enumerate(runs):
         timeline_figure(run, fig=fig, row=i + 1, col=1, showlegend=i == most_waves)
-    fig.update_layout(
-        title=dict(text=f"{heading}<br><sup>{timeline_caption(data)}</sup>", font=dict(size=15)),
-        template="plotly_white", barmode="overlay", bargap=0, height=900, margin=dict(t=120),
-        legend=dict(orientation="h", yanchor="top", y=-0.06), hovermode="closest",
-    )
-    return fig
+    fig.update_layout(barmode="overlay", bargap=0)
+    return measured_layout(fig, data, heading, height=900)
