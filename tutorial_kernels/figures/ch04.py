@@ -229,7 +229,7 @@ def ch04_bandwidth_vs_programs(hbm: dict | None = None, sweep: dict | None = Non
     copy = sweep["ceilings"]["copy_tb_per_s"]
     reference_line(fig, copy, f"device copy, same run: {copy:.2f} TB/s", position="top left")
     sms = hbm["provenance"]["sm_count"]
-    fig.add_trace(go.Scatter(x=[sms, sms], y=[0, copy * 1.05], mode="lines", line=dict(color="grey", dash="dash"),
+    fig.add_trace(go.Scatter(x=[sms, sms], y=[0, copy], mode="lines", line=dict(color="grey", dash="dash"),
                              name=f"one program per SM ({sms} SMs)", hoverinfo="skip"))
     fig.update_xaxes(title="programs in the grid, B·H (one per (batch, head))", type="log",
                      tickvals=[16, 32, 64, 128, 256, 512, 1024])
