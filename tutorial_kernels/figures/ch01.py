@@ -18,6 +18,7 @@ from tutorial_kernels.figures.style import (
     measured_layout,
     measured_table,
     provider_colour,
+    provider_line,
     reference_line,
 )
 from tutorial_kernels.figures.tables import Table
@@ -229,7 +230,7 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earl
                 fig.add_trace(go.Scatter(
                     x=[r["n"] for r in rows], y=[r["gb_per_s"] for r in rows], mode="lines+markers",
                     name=provider_label(source, key) + suffix, legendgroup=key + suffix, showlegend=col == 1,
-                    line=dict(color=provider_colour(key), dash="dash" if dashed else "solid"),
+                    line=dict(color=provider_colour(key), dash="dot") if dashed else provider_line(key),
                     marker=dict(symbol="circle-open" if dashed else "circle"),
                     hovertemplate="%{fullData.name}<br>n = %{x:,}: %{y:,.0f} GB/s<extra></extra>",
                 ), row=1, col=col)
