@@ -50,7 +50,7 @@ def short_commit(p: dict) -> str:
 
 def short_line(runs: list[dict]) -> str:
     """One line for under a figure's title: 'H100 80GB HBM3 · 2026-11-22 · commit e015562'; several
-    runs name each distinct GPU, the dates' range and the first commit with how many more."""
+    runs name each distinct GPU, the dates' range and how many commits."""
     if not runs:
         return ""
     gpus = list(dict.fromkeys(gpu_name(p) for p in runs))
@@ -58,7 +58,7 @@ def short_line(runs: list[dict]) -> str:
     commits = list(dict.fromkeys(short_commit(p) for p in runs))
     # short enough for a phone: the full list of runs is in the caption ("How this was measured")
     date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1][5:]}"
-    commit = f"commit {commits[0]}" if len(commits) == 1 else f"commit {commits[0]} + {len(commits) - 1} more"
+    commit = f"commit {commits[0]}" if len(commits) == 1 else f"{len(commits)} commits"
     return " · ".join([" and ".join(gpus), date, commit])
 
 
