@@ -9,7 +9,7 @@ Triton's interpreter on the CPU; with a GPU it changes no process-wide setting.
 Layers, bottom to top (a module imports only from its own layer or below;
 tutorial_kernels/tests/test_architecture.py):
 leaves (runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling) →
-perf → chapters (ch01 … ch06, ch05_hopper) → instruments, integrations → bench → figures → this
+perf → chapters (ch01 … ch06, ch07_hopper) → instruments, integrations → bench → figures → this
 package's own API and the test harness (testing).
 """
 

@@ -22,7 +22,7 @@ from tutorial_kernels import ch02_naive_attention as ch02
 from tutorial_kernels import ch03_tiling_online_softmax as ch03
 from tutorial_kernels import ch04_flash_v1 as ch04
 from tutorial_kernels import ch05_flash_v2 as ch05
-from tutorial_kernels import ch05_hopper
+from tutorial_kernels import ch07_hopper
 from tutorial_kernels import ch06_backward as ch06
 
 
@@ -61,7 +61,7 @@ PROVIDERS: dict[str, Provider] = {
                                config=ch05.tuned_choice),
     "flash-v2-tuned-pointers": Provider("FlashAttention-2 Triton, tuned, no TMA (ch. 5)",
                                         partial(ch05.flash_attn_v2_tuned, descriptors=False)),
-    "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)", ch05_hopper.flash_attn_hopper),
+    "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)", ch07_hopper.flash_attn_hopper),
     # differentiable attention (TrainingShape): fn(q, k, v, causal) with autograd
     "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", ch06.flash_attention,
                                 config=ch06.tuned_backward_choice),

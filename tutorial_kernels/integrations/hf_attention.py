@@ -32,7 +32,7 @@ from __future__ import annotations
 import torch
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned
-from tutorial_kernels.ch05_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
+from tutorial_kernels.ch07_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
 
 # Not "tutorial_flash": transformers 5 reads any implementation name containing "flash" as a request
 # for the flash-attn package (`is_flash_attention_requested`) and tries to import it from the Hub.
@@ -71,7 +71,7 @@ def tutorial_flash_attention(
     With autograd recording (training), the call goes through chapter 6's `flash_attention`, whose
     backward kernels give the gradients; at inference, through the forward alone: on a Hopper GPU
     at head_dim 128 with enough queries and keys for it to be the faster (a prefill, not a decoding
-    step: `ch05_hopper.preferred_over_triton`), chapter 5's Hopper kernel (FA3's schedule), elsewhere
+    step: `ch07_hopper.preferred_over_triton`), chapter 5's Hopper kernel (FA3's schedule), elsewhere
     chapter 5's autotuned Triton kernel.
     """
     if dropout:

@@ -30,8 +30,8 @@ from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attenti
 from tutorial_kernels.ch03_tiling_online_softmax import online_softmax_attention
 from tutorial_kernels.ch04_flash_v1 import flash_attn_v1
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned
-from tutorial_kernels.ch05_hopper import HEAD_DIM as HOPPER_HEAD_DIM
-from tutorial_kernels.ch05_hopper import flash_attn_hopper
+from tutorial_kernels.ch07_hopper import HEAD_DIM as HOPPER_HEAD_DIM
+from tutorial_kernels.ch07_hopper import flash_attn_hopper
 from tutorial_kernels.ch06_backward import flash_attention
 from tutorial_kernels.reference import expand_kv_heads, reference_attention, reference_scores, reference_softmax
 from tutorial_kernels.testing import ALL_KERNEL_DTYPES, HEAD_DIMS, KERNEL_DTYPES, ON_GPU, Case, attention_cases

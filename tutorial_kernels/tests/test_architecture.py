@@ -4,7 +4,7 @@ Layers, bottom to top (README, "Layout"); a module imports only from its own lay
 
     leaves        runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling
     perf          perf.*: remembered launches, autotuning choices, descriptor scratch
-    chapters      ch01 … ch06 and ch05_hopper: kernels and their launchers (a chapter builds on earlier ones)
+    chapters      ch01 … ch06 and ch07_hopper: kernels and their launchers (a chapter builds on earlier ones)
     uses          instruments.* (timelines, byte models, sweeps) and integrations.* (Hugging Face, GPT, prefill)
     bench         bench.*: the benchmark harness
     figures       figures.*: every figure the site and notebooks draw

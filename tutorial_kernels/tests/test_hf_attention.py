@@ -373,7 +373,7 @@ def test_prefill_benchmark_refuses_without_a_gpu(capsys):
                     reason="the Hopper kernel (Gluon) runs on compute capability 9.x GPUs only")
 def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     import tutorial_kernels.integrations.hf_attention as adapter
-    from tutorial_kernels.ch05_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
+    from tutorial_kernels.ch07_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
 
     calls = []
     hopper = adapter.flash_attn_hopper

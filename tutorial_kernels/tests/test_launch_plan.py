@@ -238,13 +238,13 @@ def test_a_launch_hook_sees_remembered_launches(monkeypatch):
                                    (1, 9, 9, 64, "beyond")],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
 def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeypatch, shape, causal):
-    from tutorial_kernels import ch05_hopper
+    from tutorial_kernels import ch07_hopper
 
     batch, heads, kv_heads, n_q, n_k = shape
     if n_k == "beyond":  # one head's K and V beyond an eighth of the L2, all of them beyond the L2
         n_k = torch.cuda.get_device_properties(0).L2_cache_size // 8 // (2 * 128 * 2) + 64
     kv_bytes = batch * kv_heads * 2 * n_k * 128 * 2
-    one_program_per_item = not ch05_hopper.runs_persistent(kv_bytes, batch * kv_heads, causal,
+    one_program_per_item = not ch07_hopper.runs_persistent(kv_bytes, batch * kv_heads, causal,
                                                            torch.cuda.get_device_properties(0).L2_cache_size)
     assert one_program_per_item == (shape[4] == "beyond"), "the shapes cover both kinds of launch"
     _full_launch_only(monkeypatch, ch05_hopper, "_launches")
@@ -253,14 +253,14 @@ def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeyp
         k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
         out = poisoned((batch, n_q, heads, 128), torch.bfloat16, "cuda").transpose(1, 2)
         if call == 2:
-            assert len(ch05_hopper._launches) == 1
-            _forbid_triton_dispatch(monkeypatch, ch05_hopper._flash_hopper_fwd)
-        assert ch05_hopper.flash_attn_hopper(x.q, k, v, causal, out=out) is out
+            assert len(ch07_hopper._launches) == 1
+            _forbid_triton_dispatch(monkeypatch, ch07_hopper._flash_hopper_fwd)
+        assert ch07_hopper.flash_attn_hopper(x.q, k, v, causal, out=out) is out
         group = heads // kv_heads
         ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
         assert_close(out, ref, torch.bfloat16, seed=x.seed)
     monkeypatch.undo()
     _full_launch_only(monkeypatch, ch05_hopper, "_launches")
-    ch05_hopper._launch(x.q, k, v, causal, 0.1, out, programs=1, plan="a key")  # a forced schedule
-    assert len(ch05_hopper._launches) == 0
+    ch07_hopper._launch(x.q, k, v, causal, 0.1, out, programs=1, plan="a key")  # a forced schedule
+    assert len(ch07_hopper._launches) == 0
 

@@ -49,7 +49,7 @@ STAGES = 3  # K/V tiles in flight: 32 KiB of Q (later O) + 3 × 64 KiB of K/V = 
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
 # From how many queries and keys the model adapter prefers this kernel to chapter 5's Triton kernel
 # (`preferred_over_triton`), as measured on the H100 (data/ch05_hopper_prefill_shape.json,
-# data/ch05_hopper.json): with persistent programs from 1024, with one program per item from 2048.
+# data/ch07_hopper.json): with persistent programs from 1024, with one program per item from 2048.
 # Below that an item has few key tiles, and the loop's first and last steps, which overlap nothing,
 # weigh most. A decoding step (one query) would fill a 128-row tile with one row: left to Triton.
 MIN_KEYS_PERSISTENT = 1024

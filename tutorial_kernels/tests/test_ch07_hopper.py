@@ -1,4 +1,4 @@
-"""Chapter 5 on Hopper: FA3's schedule in Gluon (`tutorial_kernels.ch05_hopper`).
+"""Chapter 5 on Hopper: FA3's schedule in Gluon (`tutorial_kernels.ch07_hopper`).
 
 Gluon kernels run on a GPU only (not in Triton's interpreter), and this one only on compute
 capability 9.x: its kernel tests are not collected without a GPU and skip, with that reason, on
@@ -9,7 +9,7 @@ layouts, a poisoned `out=`, float16 and bfloat16) and its argument checks are in
 import pytest
 import torch
 
-from tutorial_kernels.ch05_hopper import (MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper, hopper_kernel_unavailable,
+from tutorial_kernels.ch07_hopper import (MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper, hopper_kernel_unavailable,
                                           pairs_per_section, runs_persistent)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
@@ -37,7 +37,7 @@ def test_programs_that_run_several_work_items_carry_the_ring_and_q_across_them(s
     # its barriers' phases and the K/V ring run on from one item to the next, through items with
     # different numbers of key tiles and (causal, n_q > n_k) items whose rows see no key at all;
     # sections of 1, 3 or 4 (batch, head) pairs leave a smaller last section in some shapes.
-    from tutorial_kernels.ch05_hopper import _launch
+    from tutorial_kernels.ch07_hopper import _launch
 
     batch, heads, kv_heads, n_q, n_k = shape
     x = random_qkv(batch, heads, n_q, n_k, 128, torch.bfloat16, "cuda", layout="bnhd")
@@ -126,24 +126,24 @@ def test_persistent_launches_go_in_sections_of_heads_that_share_an_eighth_of_the
 def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch):
     # From MIN_KEYS_PERSISTENT queries and keys when the launch is persistent (see `runs_persistent`),
     # from MIN_KEYS otherwise; never below. Shapes only: meta tensors, an H100's L2.
-    from tutorial_kernels import ch05_hopper
+    from tutorial_kernels import ch07_hopper
 
-    monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
+    monkeypatch.setattr(ch07_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
 
     def qk(batch, heads, kv_heads, n):
         return (torch.empty(batch, heads, n, 128, dtype=torch.bfloat16, device="meta"),
                 torch.empty(batch, kv_heads, n, 128, dtype=torch.bfloat16, device="meta"))
 
     prefill = qk(1, 32, 8, 1500)  # K and V: 5.9 MiB, all within the L2
-    assert ch05_hopper.preferred_over_triton(*prefill, causal=True)
+    assert ch07_hopper.preferred_over_triton(*prefill, causal=True)
     many_heads = qk(16, 16, 16, 1500)  # K and V: 188 MiB, 0.73 MiB per head: persistent, in sections
-    assert ch05_hopper.preferred_over_triton(*many_heads, causal=True)
-    assert ch05_hopper.preferred_over_triton(*many_heads, causal=False)
+    assert ch07_hopper.preferred_over_triton(*many_heads, causal=True)
+    assert ch07_hopper.preferred_over_triton(*many_heads, causal=False)
     # with a 4 MiB L2 a head's 0.73 MiB is beyond an eighth of it: one program per item, from MIN_KEYS only
-    monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 4 * 2**20))
-    assert not ch05_hopper.preferred_over_triton(*many_heads, causal=True)
-    monkeypatch.setattr(ch05_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
-    assert not ch05_hopper.preferred_over_triton(*qk(0, 32, 8, 1500), causal=True)  # no sequence: no division
-    assert ch05_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
-    assert not ch05_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
-    assert ch05_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)
+    monkeypatch.setattr(ch07_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 4 * 2**20))
+    assert not ch07_hopper.preferred_over_triton(*many_heads, causal=True)
+    monkeypatch.setattr(ch07_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
+    assert not ch07_hopper.preferred_over_triton(*qk(0, 32, 8, 1500), causal=True)  # no sequence: no division
+    assert ch07_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
+    assert not ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
+    assert ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)
