@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import html
 from typing import Callable, Union
 
 import plotly.graph_objects as go
@@ -54,12 +55,17 @@ def is_table(drawing: Drawing) -> bool:
 
 def plot_html(fig: go.Figure, name: str | None = None) -> str:
     """The plot alone (a `fig` without meta, see `split_meta`), with the script that gives it its
-    layout for narrow screens."""
+    layout for narrow screens; a figure with alt text (`style.set_alt`) is wrapped in a
+    `role="img"` element that carries it."""
     plain, meta = split_meta(fig)
     narrow = narrow_layout(plain, meta.get("narrow"))
-    return plain.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False, config=PLOT_CONFIG,
+    alt = meta.get("alt")
+    plot = plain.to_html(full_html=False, include_plotlyjs=False, include_mathjax=False, config=PLOT_CONFIG,
                          div_id=f"figure-{name}" if name else None,
                          post_script=switch_script(narrow, wide_layout(plain, narrow)))
+    if not alt:
+        return plot
+    return f'<div class="figure-alt" role="img" aria-label="{html.escape(alt, quote=True)}">{plot}</div>'
 
 
 def drawing_html(drawing: Drawing, name: str | None = None) -> str:

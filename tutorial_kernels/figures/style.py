@@ -11,7 +11,9 @@
   top margin for them, and applies the template. `measured_layout(fig, data, title)` does the same
   for a figure of measurements, with the run's short provenance line as subtitle and the full record
   for the caption under the figure.
-- The caption under a figure. `add_notes`, `set_provenance` and `set_narrow` keep what the page
+- Diagrams. `concept_layout(fig, title, alt)` is `style_figure` for a picture of an idea (a
+  `concept-…` figure): no axes, no grid, and the text a screen reader says instead of the picture.
+- The caption under a figure. `add_notes`, `set_alt`, `set_provenance` and `set_narrow` keep what the page
   shows under the figure (notes, the collapsed "How this was measured") and the figure's layout for
   narrow screens in `fig.layout.meta`; `figure_meta` reads them back (the registry turns them into
   HTML and takes them out of the figure).
@@ -273,6 +275,19 @@ def style_figure(fig: go.Figure, title: str | None = None, subtitle: str | None 
 PANEL_TITLE_LINE_PX = 17
 
 
+def concept_layout(fig: go.Figure, title: str, alt: str, *, height: int | None = None, above: int = 0,
+                   **layout) -> go.Figure:
+    """`style_figure` for a diagram of an idea: axes, grid and zero lines hidden (shapes and
+    annotations drawn in axis units stay where they were put), the figure's alt text set. The
+    template's white paper keeps the diagram legible when the site is dark (the page gives every
+    plot a white card there)."""
+    set_alt(fig, alt)
+    hidden = dict(showgrid=False, zeroline=False, showticklabels=False, ticks="", showline=False, title=None)
+    fig.update_xaxes(**hidden)
+    fig.update_yaxes(**hidden)
+    return style_figure(fig, title, height=height, above=above, **layout)
+
+
 def subplot_titles(fig: go.Figure) -> int:
     """make_subplots' panel titles at the template's axis-title size, wrapped to fit a phone; returns
     how many lines the tallest title of the top row has (0: no panel titles)."""
@@ -344,6 +359,15 @@ def _update_meta(fig: go.Figure, **changes) -> None:
 def add_notes(fig: go.Figure, *notes: str) -> go.Figure:
     """Lines of HTML shown under the figure (what is missing from it, how to read it)."""
     _update_meta(fig, notes=[*figure_meta(fig).get("notes", []), *(n for n in notes if n)])
+    return fig
+
+
+def set_alt(fig: go.Figure, text: str) -> go.Figure:
+    """What the figure shows, in words, for a reader who cannot see it (the registry makes it the
+    figure's `aria-label`, with `role="img"`). Required for a `concept-…` diagram."""
+    if not text or not text.strip():
+        raise ValueError("alt text must say what the figure shows, got an empty string")
+    _update_meta(fig, alt=" ".join(text.split()))
     return fig
 
 
