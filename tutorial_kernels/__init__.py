@@ -9,8 +9,12 @@ Triton's interpreter on the CPU; with a GPU it changes no process-wide setting.
 Layers, bottom to top (a module imports only from its own layer or below;
 tutorial_kernels/tests/test_architecture.py):
 leaves (runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling) →
-perf → chapters (ch01 … ch06, ch07_hopper) → instruments, integrations → bench → figures → this
-package's own API and the test harness (testing).
+perf → chapters (ch01 … ch06, ch07_hopper) → attention (the front door) → instruments, integrations →
+bench → figures → this package's own API and the test harness (testing).
+
+For a model, the front door: `flash_attention(q, k, v, causal=False, sm_scale=None, *, out=None)`,
+differentiable, and `scaled_dot_product_attention(...)` with PyTorch's arguments and semantics; both
+pick the fastest kernel of the tutorial that is correct for the inputs and work under torch.compile.
 """
 
 from tutorial_kernels.runtime import choose_execution_mode
@@ -18,7 +22,9 @@ from tutorial_kernels.runtime import choose_execution_mode
 # Must run before any chapter module is imported: @triton.jit reads TRITON_INTERPRET when it decorates.
 choose_execution_mode()
 
+from tutorial_kernels.attention import flash_attention, scaled_dot_product_attention  # noqa: E402
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention  # noqa: E402
 from tutorial_kernels.reference import reference_attention  # noqa: E402
 
-__all__ = ["eager_attention", "naive_attention", "reference_attention"]
+__all__ = ["flash_attention", "scaled_dot_product_attention", "eager_attention", "naive_attention",
+           "reference_attention"]

@@ -26,8 +26,9 @@ AttentionFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def tutorial_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal attention through chapter 6's `flash_attention` (chapter 5's forward, chapter 6's backward)."""
-    from tutorial_kernels.ch06_backward import flash_attention
+    """Causal attention through the package's front door, `flash_attention` (in training: chapter 5's
+    forward, chapter 6's backward)."""
+    from tutorial_kernels.attention import flash_attention
 
     return flash_attention(q, k, v, causal=True)
 

@@ -1,4 +1,4 @@
-"""Chapter 5's FlashAttention-2 forward as an attention implementation for Hugging Face `transformers`.
+"""The tutorial's attention (`tutorial_kernels.flash_attention`) as an attention implementation for Hugging Face `transformers`.
 
 In transformers 5 a model's attention layers do not call a fixed function: they look up
 `config._attn_implementation` in `transformers.AttentionInterface` and call what is registered
@@ -31,8 +31,7 @@ from __future__ import annotations
 
 import torch
 
-from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned
-from tutorial_kernels.ch07_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
+from tutorial_kernels.attention import flash_attention
 
 # Not "tutorial_flash": transformers 5 reads any implementation name containing "flash" as a request
 # for the flash-attn package (`is_flash_attention_requested`) and tries to import it from the Hub.
@@ -68,11 +67,11 @@ def tutorial_flash_attention(
     kernel would not hide; anything else (padding, a packed batch, a static cache's empty slots, an
     additive bias) raises a ValueError.
 
-    With autograd recording (training), the call goes through chapter 6's `flash_attention`, whose
-    backward kernels give the gradients; at inference, through the forward alone: on a Hopper GPU
-    at head_dim 128 with enough queries and keys for it to be the faster (a prefill, not a decoding
-    step: `ch07_hopper.preferred_over_triton`), chapter 5's Hopper kernel (FA3's schedule), elsewhere
-    chapter 5's autotuned Triton kernel.
+    The call goes through the package's front door, `tutorial_kernels.flash_attention`: with autograd
+    recording (training), chapter 5's forward and chapter 6's backward kernels; at inference, the
+    forward alone: on a Hopper GPU at head_dim 128 with enough queries and keys for it to be the
+    faster (a prefill, not a decoding step: `ch07_hopper.preferred_over_triton`), chapter 7's Hopper
+    kernel (FA3's schedule), elsewhere chapter 5's autotuned Triton kernel.
     """
     if dropout:
         raise ValueError(
@@ -98,21 +97,15 @@ def tutorial_flash_attention(
         _check_mask_is_redundant(attention_mask, n_q, n_k, causal)
 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        from tutorial_kernels.ch06_backward import flash_attention  # forward + backward kernels
-
-        out = flash_attention(query, key, value, causal, scaling, tuned=query.is_cuda)
+        out = flash_attention(query, key, value, causal, scaling)  # chapter 5's forward, chapter 6's backward
         return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d), the layout o_proj reads: one copy
     # At inference the kernel writes straight into a (B, n_q, H, d) buffer, through a (B, H, n_q, d)
-    # view of it: no transposing copy afterwards.
+    # view of it: no transposing copy afterwards. The front door picks the kernel: on a Hopper GPU at
+    # head_dim 128 with enough queries and keys (a prefill, not a decoding step), chapter 7's;
+    # elsewhere chapter 5's autotuned Triton kernel (its teaching configuration on the CPU).
     batch, heads, _, head_dim = query.shape
     out = torch.empty((batch, n_q, heads, head_dim), dtype=query.dtype, device=query.device)
-    on_hopper = query.is_cuda and preferred_over_triton(query, key, causal)
-    if on_hopper and hopper_kernel_unavailable(query, key, value) is None:
-        flash_attn_hopper(query, key, value, causal, scaling, out=out.transpose(1, 2))  # H100/H200, head_dim 128
-    elif query.is_cuda:
-        flash_attn_v2_tuned(query, key, value, causal, scaling, out=out.transpose(1, 2))  # autotuned per length bucket
-    else:
-        flash_attn_v2(query, key, value, causal, scaling, out=out.transpose(1, 2))  # the interpreter: one small config
+    flash_attention(query, key, value, causal, scaling, out=out.transpose(1, 2))
     return out, None
 # --8<-- [end:attention_forward]
 

@@ -5,6 +5,7 @@ Layers, bottom to top (README, "Layout"); a module imports only from its own lay
     leaves        runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling
     perf          perf.*: remembered launches, autotuning choices, descriptor scratch
     chapters      ch01 … ch06 and ch07_hopper: kernels and their launchers (a chapter builds on earlier ones)
+    api           attention: the front door (flash_attention, scaled_dot_product_attention), which picks a kernel
     uses          instruments.* (timelines, byte models, sweeps) and integrations.* (Hugging Face, GPT, prefill)
     bench         bench.*: the benchmark harness
     figures       figures.*: every figure the site and notebooks draw
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent
-LAYERS = ["leaves", "perf", "chapters", "uses", "bench", "figures", "top"]
+LAYERS = ["leaves", "perf", "chapters", "api", "uses", "bench", "figures", "top"]
 LEAVES = {"runtime", "paths", "reference", "validation", "inputs", "tolerances", "provenance", "recorder", "tiling"}
 MAX_LINES = 700  # a chapter module may be longer when its kernel is
 
@@ -50,6 +51,8 @@ def layer(module: str) -> str:
         return "leaves"
     if top in ("perf", "bench", "figures"):
         return top
+    if module == "attention":
+        return "api"
     if top in ("instruments", "integrations"):
         return "uses"
     if top.startswith("ch0"):

@@ -372,7 +372,7 @@ def test_prefill_benchmark_refuses_without_a_gpu(capsys):
 @pytest.mark.skipif(not (ON_GPU and torch.cuda.get_device_capability()[0] == 9),
                     reason="the Hopper kernel (Gluon) runs on compute capability 9.x GPUs only")
 def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
-    import tutorial_kernels.integrations.hf_attention as adapter
+    import tutorial_kernels.attention as adapter  # the front door, through which the adapter calls
     from tutorial_kernels.ch07_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
 
     calls = []

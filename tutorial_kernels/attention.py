@@ -1,0 +1,204 @@
+"""The front door: one attention call that picks the fastest kernel that is correct for its inputs.
+
+    from tutorial_kernels import flash_attention, scaled_dot_product_attention
+    o = flash_attention(q, k, v, causal=True)                      # (B, H, n_q, d), differentiable
+    o = scaled_dot_product_attention(q, k, v, is_causal=True)      # torch's semantics and arguments
+
+Which kernel runs (`kernel_for`):
+
+* gradients needed (autograd is recording and an input requires grad): chapter 5's forward with its
+  log-sum-exp, then chapter 6's backward kernels — autotuned on a GPU, the teaching configuration
+  in Triton's interpreter on the CPU;
+* inference on a Hopper GPU where chapter 7's kernel applies and is the faster
+  (`ch07_hopper.preferred_over_triton`): FlashAttention-3's schedule in Gluon;
+* inference elsewhere on a GPU: chapter 5's autotuned Triton kernel; on the CPU, its teaching one.
+
+Both calls are `torch.library` custom operators (`tutorial_kernels::attention_into`, `::attention_fwd`,
+`::attention_bwd`) with fake implementations for shapes and an autograd formula, so that
+`torch.compile` traces straight through them (no graph break) and `torch.export` can carry them.
+
+Conventions. `flash_attention` aligns the causal mask to the bottom-right corner (query i of n_q
+sees keys j ≤ i + n_k − n_q, what a key/value cache needs), like every chapter.
+`scaled_dot_product_attention` follows `torch.nn.functional.scaled_dot_product_attention`:
+top-left alignment, so it refuses `is_causal=True` with n_q ≠ n_k instead of computing the other
+alignment, and it refuses what these kernels do not compute (a mask, dropout) with a ValueError.
+As in PyTorch, a call with `out=` does not support autograd.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
+from tutorial_kernels.ch06_backward import flash_attn_backward
+from tutorial_kernels.ch07_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
+from tutorial_kernels.validation import check_attention_inputs
+
+MAX_HEAD_DIM = 256
+
+
+def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, training: bool) -> str:
+    """Which kernel `flash_attention` runs for these (validated) inputs: "triton-interpreter",
+    "triton-tuned" or "hopper" (forward); a training call always runs chapter 5's Triton forward, which
+    also writes the log-sum-exp the backward needs (the Hopper kernel does not)."""
+    if not q.is_cuda:
+        return "triton-interpreter"
+    if not training and preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None:
+        return "hopper"
+    return "triton-tuned"
+
+
+# --8<-- [start:custom_ops]
+def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
+              sm_scale: float) -> None:
+    """Inference: O = softmax(sm_scale · Q Kᵀ) V written into `out` (B, H, n_q, d), any dense layout."""
+    kernel = kernel_for(q, k, v, causal, training=False)
+    if kernel == "hopper":
+        flash_attn_hopper(q, k, v, causal, sm_scale, out=out)  # Hopper, FA3's schedule (chapter 7)
+    elif kernel == "triton-tuned":
+        flash_attn_v2_tuned(q, k, v, causal, sm_scale, out=out)  # autotuned per shape bucket (chapter 5)
+    else:
+        flash_attn_v2(q, k, v, causal, sm_scale, out=out)  # the interpreter: one small configuration
+
+
+# The same body as an operator torch.compile can trace. Eager calls skip the operator: its dispatch
+# costs tens of microseconds per call on the CPU, more than the launch it wraps at short lengths.
+_attention_into = torch.library.custom_op("tutorial_kernels::attention_into", _run_into, mutates_args=("out",))
+
+
+@_attention_into.register_fake
+def _(q, k, v, out, causal, sm_scale):
+    return None
+
+
+@torch.library.custom_op("tutorial_kernels::attention_fwd", mutates_args=())
+def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Training forward: (O (B, H, n_q, d), lse (B, H, n_q) float32, log Σ_j e^{S_ij})."""
+    return flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=q.is_cuda)
+
+
+@_attention_fwd.register_fake
+def _(q, k, v, causal, sm_scale):
+    batch, heads, n_q, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((batch, heads, n_q), dtype=torch.float32)
+
+
+@torch.library.custom_op("tutorial_kernels::attention_bwd", mutates_args=())
+def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                   lse: torch.Tensor, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) from dO and the forward's O and log-sum-exp (chapter 6's kernels)."""
+    # dO arrives with whatever strides autograd built (stride 0 after .sum()): a dense copy reads faster
+    return flash_attn_backward(q, k, v, o, lse, do.contiguous(), causal, sm_scale, tuned=q.is_cuda)
+
+
+@_attention_bwd.register_fake
+def _(do, q, k, v, o, lse, causal, sm_scale):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, causal, sm_scale = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse)  # O(N·d) numbers: never the n_q × n_k matrix P
+    ctx.causal, ctx.sm_scale = causal, sm_scale
+
+
+def _backward(ctx, do, dlse):
+    q, k, v, o, lse = ctx.saved_tensors
+    dq, dk, dv = _attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
+    return dq, dk, dv, None, None
+
+
+_attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+# --8<-- [end:custom_ops]
+
+
+# --8<-- [start:flash_attention]
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                    sm_scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(sm_scale · Q Kᵀ) V through the fastest kernel of this tutorial that is correct for the
+    inputs, forward and backward (see the module docstring).
+
+    q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H (grouped-query attention);
+    16 ≤ d ≤ 256; any strides; float16, bfloat16 or float32, all three alike; on a CUDA GPU or the CPU.
+    causal: the mask aligned to the bottom-right corner. sm_scale: default 1/√d.
+    out: a (B, H, n_q, d) tensor to write into (any dense layout); not with autograd, as in PyTorch.
+    Raises TypeError / ValueError naming the argument for inputs outside this contract.
+    """
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=MAX_HEAD_DIM, allow_gqa=True)
+    scale = float(shape.sm_scale)
+    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if out is not None:
+        if training:
+            raise RuntimeError("flash_attention(): functions with out=... arguments don't support automatic "
+                               "differentiation, but one of the arguments (q, k, v) requires grad; call it "
+                               "without out= to train")
+        _check_out(out, q)
+    if training:
+        return _attention_fwd(q, k, v, bool(causal), scale)[0]
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    into = _attention_into if torch.compiler.is_compiling() else _run_into
+    into(q, k, v, out, bool(causal), scale)
+    return out
+# --8<-- [end:flash_attention]
+
+
+def _check_out(out: object, q: torch.Tensor) -> None:
+    if not isinstance(out, torch.Tensor):
+        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
+    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
+        raise ValueError(f"out must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}, "
+                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
+
+
+# --8<-- [start:sdpa]
+def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+                                 is_causal: bool = False, scale: float | None = None,
+                                 enable_gqa: bool = False) -> torch.Tensor:
+    """`torch.nn.functional.scaled_dot_product_attention`'s call and semantics, through `flash_attention`.
+
+    query (..., H, L, E), key and value (..., H_kv, S, E) with the same leading dimensions; H_kv = H
+    unless enable_gqa=True (then H_kv divides H). is_causal aligns the mask to the top-left corner,
+    as PyTorch does, which is the bottom-right alignment when L == S; L ≠ S with is_causal raises.
+    Raises ValueError for a mask, for dropout and for a value head size other than E: these kernels
+    compute none of them, and a wrong answer is worse than an error. Differentiable.
+    """
+    if attn_mask is not None:
+        raise ValueError(f"attn_mask: this kernel applies no mask except is_causal, got a tensor of shape "
+                         f"{tuple(attn_mask.shape)}; call torch.nn.functional.scaled_dot_product_attention for masks")
+    if dropout_p != 0.0:
+        raise ValueError(f"dropout_p: this kernel has no attention dropout, got dropout_p={dropout_p}; pass 0.0 "
+                         "(e.g. dropout_p=self.dropout if self.training else 0.0)")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() < 3:
+            raise ValueError(f"{name} must have at least 3 dimensions (..., L or S, E), got shape {tuple(t.shape)}")
+    lead = [t.shape[:-2] if t.dim() == 3 else t.shape[:-3] for t in (query, key, value)]
+    if not (query.dim() == key.dim() == value.dim()) or not (lead[0] == lead[1] == lead[2]):
+        raise ValueError(f"query, key and value must have the same leading (batch) dimensions, got shapes "
+                         f"{tuple(query.shape)}, {tuple(key.shape)}, {tuple(value.shape)}")
+    if value.shape[-1] != query.shape[-1]:
+        raise ValueError(f"value: this kernel needs value's head size equal to query's ({query.shape[-1]}), "
+                         f"got {value.shape[-1]}")
+    n_q, n_k = query.shape[-2], key.shape[-2]
+    if is_causal and n_q != n_k:
+        raise ValueError(f"is_causal: PyTorch aligns the causal mask to the top-left corner, which this kernel "
+                         f"computes only when L == S, got L={n_q}, S={n_k}; for the bottom-right alignment a "
+                         f"key/value cache needs, call tutorial_kernels.flash_attention(q, k, v, causal=True)")
+    if query.dim() == 3:  # (N, L, E): one head
+        q, k, v = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
+    else:  # (..., H, L, E): the leading dimensions as one batch
+        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
+    if q.shape[1] != k.shape[1] and not enable_gqa:
+        raise ValueError(f"key: {k.shape[1]} key/value heads for {q.shape[1]} query heads needs enable_gqa=True, "
+                         "as in PyTorch")
+    o = flash_attention(q, k, v, bool(is_causal), scale)
+    return o.squeeze(1) if query.dim() == 3 else o.reshape(query.shape)
+# --8<-- [end:sdpa]
+
+
+__all__ = ["flash_attention", "scaled_dot_product_attention", "kernel_for", "MAX_HEAD_DIM"]

@@ -1,0 +1,162 @@
+"""The front door (`tutorial_kernels.attention`): dispatch, gradients, PyTorch's SDPA semantics,
+out=, bad input, and torch.compile without a graph break.
+
+The forward on every shape of `testing.attention_cases` runs in test_conformance.py (the registry);
+this file checks what is particular to the front door.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tutorial_kernels
+from tutorial_kernels.attention import flash_attention, kernel_for, scaled_dot_product_attention
+from tutorial_kernels.reference import reference_attention
+from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, assert_close, grad_tolerance, poisoned, random_qkv
+
+# (batch, heads, kv_heads, n_q, n_k, head_dim): N = 1, ragged tiles, d = 80, n_q ≠ n_k both ways with
+# rows that see no key (causal, n_q > n_k), grouped- and multi-query attention
+GRAD_CASES = [(1, 2, 2, 1, 1, 16), (2, 2, 1, 17, 17, 32), (1, 4, 2, 33, 70, 80), (1, 2, 1, 70, 33, 64)]
+if ON_GPU:
+    GRAD_CASES += [(2, 8, 2, 257, 300, 128), (1, 4, 4, 300, 257, 256), (2, 4, 1, 1000, 1000, 64)]
+
+
+def _grads(fn, q, k, v, do):
+    q, k, v = (t.detach().clone().requires_grad_() for t in (q, k, v))
+    out = fn(q, k, v)
+    out.backward(do)
+    return out, q.grad, k.grad, v.grad
+
+
+def test_the_package_exports_the_front_door():
+    assert tutorial_kernels.flash_attention is flash_attention
+    assert tutorial_kernels.scaled_dot_product_attention is scaled_dot_product_attention
+
+
+@pytest.mark.parametrize("case", GRAD_CASES, ids=lambda c: "b{}h{}kv{}-nq{}-nk{}-d{}".format(*c))
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_forward_and_gradients_match_the_float64_reference(case, causal, dtype):
+    batch, heads, kv_heads, n_q, n_k, d = case
+    x = random_qkv(batch, heads, n_q, n_k, d, dtype)
+    k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]  # (B, H_kv, n_k, d), strided views
+    do = torch.randn(x.q.shape, generator=torch.Generator(x.q.device).manual_seed(x.seed), device=x.q.device).to(dtype)
+    out, dq, dk, dv = _grads(lambda q, k, v: flash_attention(q, k, v, causal), x.q, k, v, do)
+    ref, rq, rk, rv = _grads(lambda q, k, v: reference_attention(q, k, v, causal), x.q.double(), k.double(),
+                             v.double(), do.double())
+    assert_close(out.detach(), ref.detach(), dtype, seed=x.seed)
+    for name, got, want in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert got.shape == want.shape, f"{name}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+        assert_close(got, want, dtype, seed=x.seed, what=name, bound=grad_tolerance(dtype))
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_out_is_written_in_any_dense_layout(causal):
+    x = random_qkv(2, 3, 40, 40, 32, torch.float16, layout="bnhd")
+    out = poisoned((2, 40, 3, 32), torch.float16, x.q.device).transpose(1, 2)  # the layout o_proj reads
+    assert flash_attention(x.q, x.k, x.v, causal, out=out) is out
+    assert_close(out, reference_attention(x.q, x.k, x.v, causal), torch.float16, seed=x.seed)
+
+
+def test_out_refuses_autograd_as_pytorch_does():
+    x = random_qkv(1, 2, 8, 8, 16, torch.float32)
+    q = x.q.requires_grad_()
+    with pytest.raises(RuntimeError, match="out=.*automatic differentiation"):
+        flash_attention(q, x.k, x.v, out=torch.empty_like(q))
+    with pytest.raises(ValueError, match="out must have q's shape"):
+        flash_attention(x.q.detach(), x.k, x.v, out=torch.empty(1, 2, 8, 32))
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 21, 16), (21, 16), (2, 2, 3, 21, 16)], ids=["4d", "3d", "5d"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_sdpa_matches_torch(shape, is_causal):
+    shape = (2, *shape) if len(shape) == 2 else shape  # (N, L, E)
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=is_causal)
+    got = scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=None)
+    assert got.shape == want.shape
+    assert_close(got, want, torch.float32, seed=1)
+
+
+def test_sdpa_grouped_query_and_scale_as_torch():
+    gen = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 4, 30, 32, generator=gen), torch.randn(1, 2, 45, 32, generator=gen), torch.randn(
+        1, 2, 45, 32, generator=gen)
+    want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.3, enable_gqa=True)
+    assert_close(scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True), want, torch.float32, seed=2)
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (dict(attn_mask=torch.ones(8, 8, dtype=torch.bool)), ValueError, "attn_mask: this kernel applies no mask"),
+    (dict(dropout_p=0.1), ValueError, "dropout_p: .*got dropout_p=0.1"),
+    (dict(is_causal=True, key_len=9), ValueError, "is_causal: PyTorch aligns .* top-left .* L=8, S=9"),
+    (dict(kv_heads=1), ValueError, "key: 1 key/value heads for 2 query heads needs enable_gqa=True"),
+    (dict(value_dim=32), ValueError, "value: .*head size equal to query's \\(16\\), got 32"),
+    (dict(query=torch.randn(8, 16)), ValueError, "query must have at least 3 dimensions"),
+    (dict(query=torch.randn(3, 2, 8, 16)), ValueError, "same leading \\(batch\\) dimensions"),
+    (dict(query=[1.0]), TypeError, "query must be a torch.Tensor, got list"),
+])
+def test_sdpa_refuses_what_it_does_not_compute(call, error, match):
+    call = dict(call)
+    key_len, kv_heads, value_dim = call.pop("key_len", 8), call.pop("kv_heads", 2), call.pop("value_dim", 16)
+    query = call.pop("query", torch.randn(1, 2, 8, 16))
+    key, value = torch.randn(1, kv_heads, key_len, 16), torch.randn(1, kv_heads, key_len, value_dim)
+    with pytest.raises(error, match=match):
+        scaled_dot_product_attention(query, key, value, **call)
+
+
+def test_flash_attention_refuses_bad_input_naming_the_argument():
+    x = random_qkv(1, 2, 8, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_attention(torch.randn(1, 2, 8, 300), torch.randn(1, 2, 8, 300), torch.randn(1, 2, 8, 300))
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        flash_attention(x.q, None, x.v)
+
+
+def test_the_cpu_runs_the_interpreter_configuration():
+    x = random_qkv(1, 2, 8, 8, 16, torch.float32, device="cpu")
+    assert kernel_for(x.q, x.k, x.v, True, training=False) == "triton-interpreter"
+
+
+def _block(q, k, v):
+    """A small attention block as a model has it: projections around the call."""
+    return (scaled_dot_product_attention(q * 1.5, k, v, is_causal=True, enable_gqa=True) + 1).sin()
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if ON_GPU else []))
+def test_torch_compile_runs_through_without_a_graph_break(backend):
+    """fullgraph=True makes any graph break an error; forward and gradients equal the eager call's."""
+    torch._dynamo.reset()
+    x = random_qkv(1, 4, 33, 33, 32, torch.float32)
+    k, v = x.k[:, :2], x.v[:, :2]
+    compiled = torch.compile(_block, fullgraph=True, backend=backend)
+    out, dq, dk, dv = _grads(compiled, x.q, k, v, torch.ones_like(x.q))
+    ref, rq, rk, rv = _grads(_block, x.q, k, v, torch.ones_like(x.q))
+    for name, got, want in (("out", out, ref), ("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        torch.testing.assert_close(got, want, msg=lambda m: f"{name}: {m}; seed={x.seed}")
+    with torch.no_grad():  # the inference operator, which writes into its out buffer
+        torch.testing.assert_close(compiled(x.q, k, v), _block(x.q, k, v))
+
+
+def test_the_operators_pass_torch_library_opcheck():
+    """Schema, fake (meta) implementations and autograd registration, as torch.library checks them."""
+    from tutorial_kernels.attention import _attention_fwd, _attention_into  # noqa: PLC2701 (the ops under test)
+
+    x = random_qkv(1, 2, 9, 12, 16, torch.float32)
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+    torch.library.opcheck(_attention_fwd, (q, k, v, True, 0.25))
+    torch.library.opcheck(_attention_into, (x.q, x.k, x.v, torch.empty_like(x.q), False, 0.25))
+
+
+@pytest.mark.gpu("the Hopper kernel")
+def test_inference_on_hopper_takes_the_gluon_kernel_where_it_wins():
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("needs a Hopper GPU (compute capability 9.x)")
+    x = random_qkv(1, 8, 4096, 4096, 128, torch.bfloat16)
+    assert kernel_for(x.q, x.k, x.v, True, training=False) == "hopper"
+    assert kernel_for(x.q, x.k, x.v, True, training=True) == "triton-tuned"
+    assert_close(flash_attention(x.q, x.k, x.v, True), reference_attention(x.q, x.k, x.v, True), torch.bfloat16,
+                 seed=x.seed)
