@@ -1,0 +1,322 @@
+"""The prose of every page the site renders teaches; the diary lives in BENCHMARKS.md and experiments/.
+
+Scanned: docs/**/*.md and the markdown cells of notebooks/*.ipynb (each notebook is a page of the
+site). Skipped: fenced code blocks, inline code spans, snippet include lines (`--8<--`), HTML
+comments, and URLs (inside links, autolinks, href/src attributes, bare). Flagged, with page, line and
+text:
+
+- a commit hash: 7-40 lowercase hex characters with both a digit and a letter, as a word (a colour
+  code `#1f77b4ff` is not a word of its own: the `#` before it excludes it);
+- a `data/logs` path (the raw GPU logs);
+- the word "session" or "sessions";
+- one of our own issue or pull-request references: "issue 6", "issue #6", "issues 6/7", "PR #3", a
+  bare "#6" (an upstream reference written `owner/repo#6242` is fine);
+- the seed documents: "the seed", "seed 003", "seed notes";
+- a duration in microseconds or milliseconds: "12 µs", "3.4 ms", "0.5 us" (times belong in figures
+  and tables drawn from data/, and in BENCHMARKS.md).
+
+Justified exceptions go in tests/docs_lint_allow.txt, one per line:
+
+    PAGE :: TEXT # REASON
+
+PAGE is the path from the repository root (`docs/benchmarks.md`, `notebooks/04_flash_v1.ipynb`);
+TEXT is the exact text allowed: it must contain the flagged text and appear on the flagged line
+(so it can be a little longer than the finding, to pin which occurrence); the reason follows the
+first " # ". An entry that allows nothing fails the test too, so the list cannot rot.
+
+The planted page below runs through the same checker and expects each pattern to fire, and each
+skipped construct to stay silent, so that this test can fail.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+ALLOW_FILE = Path(__file__).with_name("docs_lint_allow.txt")
+
+
+# ---------------------------------------------------------------------------------------------
+# The checker
+# ---------------------------------------------------------------------------------------------
+
+RULES: dict[str, re.Pattern] = {
+    "commit hash": re.compile(r"(?<![\w#&/.-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,40}(?![\w-])"),
+    "data/logs path": re.compile(r"\bdata/logs\b"),
+    "session": re.compile(r"\bsessions?\b", re.I),
+    "issue reference": re.compile(
+        r"\b(?:issues?|PRs?|pull requests?)\s*#?\d+(?:\s*(?:/|,|&|and|or)\s*#?\d+)*\b"
+        r"|(?<![\w/&#])#\d{1,5}(?![\w-])",
+        re.I),
+    "seed reference": re.compile(r"\bthe seeds?\b|\bseeds?[\s_-]*#?0\d{2}\b|\bseed notes?\b", re.I),
+    "duration in prose": re.compile(
+        r"(?<![\w.])\d[\d.,]*(?:\s*(?:–|-|to)\s*\d[\d.,]*)?[\s\u00a0\u2009\u202f]*(?:µs|μs|us|ms)\b"),
+}
+
+FENCE = re.compile(r"^[ \t>]*(?P<fence>`{3,}|~{3,})")
+SNIPPET_LINE = re.compile(r"^[ \t]*-{1,2}8<-{1,2}")
+HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
+CODE_SPAN = re.compile(r"(?<!`)(?P<ticks>`+)(?!`).*?(?<!`)(?P=ticks)(?!`)")
+URLS = [
+    re.compile(r"(?<=\]\()[^)\s]*(?:\s+\"[^\"]*\")?(?=\))"),  # [text](url "title")
+    re.compile(r"^([ \t]*\[[^\]]+\]:[ \t]*)\S+.*$"),             # [ref]: url "title"
+    re.compile(r"<[a-z][a-z0-9+.-]*://[^>\s]+>", re.I),         # <https://...>
+    re.compile(r"\b(?:href|src)=(\"[^\"]*\"|'[^']*')", re.I),    # HTML attributes
+    re.compile(r"\b[a-z][a-z0-9+.-]*://[^\s)>\]]+", re.I),       # bare URLs
+]
+
+
+@dataclass(frozen=True)
+class Finding:
+    page: str   # path from the repository root
+    where: str  # "line 12" or "cell 3, line 2"
+    rule: str
+    text: str   # what matched
+    line: str   # the whole source line, as written
+
+    def __str__(self) -> str:
+        return f"{self.page}, {self.where}: {self.rule}: {self.text!r}   ({self.line.strip()[:140]})"
+
+
+def prose_lines(markdown: str) -> list[str]:
+    """The markdown with everything that is not prose blanked out; one output line per input line,
+    so that line numbers carry over."""
+    # HTML comments may span lines: keep their newlines, drop the rest.
+    text = HTML_COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), markdown)
+    out: list[str] = []
+    fence: str | None = None
+    for line in text.split("\n"):
+        if fence is not None:
+            m = FENCE.match(line)
+            if m and m.group("fence")[0] == fence[0] and len(m.group("fence")) >= len(fence) \
+                    and not line[m.end():].strip():
+                fence = None
+            out.append("")
+            continue
+        m = FENCE.match(line)
+        if m:
+            fence = m.group("fence")
+            out.append("")
+            continue
+        if SNIPPET_LINE.match(line):
+            out.append("")
+            continue
+        line = CODE_SPAN.sub(" ", line)
+        line = URLS[0].sub("", line)
+        line = URLS[1].sub(lambda m: m.group(1), line)
+        for pattern in URLS[2:]:
+            line = pattern.sub(" ", line)
+        out.append(line)
+    return out
+
+
+def check_markdown(markdown: str, page: str, where_prefix: str = "") -> list[Finding]:
+    findings = []
+    originals = markdown.split("\n")
+    for number, line in enumerate(prose_lines(markdown), start=1):
+        for rule, pattern in RULES.items():
+            for m in pattern.finditer(line):
+                findings.append(Finding(page, f"{where_prefix}line {number}", rule, m.group(0),
+                                        originals[number - 1] if number <= len(originals) else line))
+    return findings
+
+
+def check_notebook(source: str, page: str) -> list[Finding]:
+    """Every markdown cell of a notebook (its JSON text), numbered from 1 as Jupyter shows them."""
+    notebook = json.loads(source)
+    findings = []
+    for index, cell in enumerate(notebook.get("cells", []), start=1):
+        if cell.get("cell_type") != "markdown":
+            continue
+        text = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        findings += check_markdown(text, page, f"cell {index}, ")
+    return findings
+
+
+def site_pages() -> list[Path]:
+    return sorted((ROOT / "docs").rglob("*.md")) + sorted(
+        p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
+
+
+def check_page(path: Path) -> list[Finding]:
+    page = path.relative_to(ROOT).as_posix()
+    source = path.read_text(encoding="utf-8")
+    return check_notebook(source, page) if path.suffix == ".ipynb" else check_markdown(source, page)
+
+
+@dataclass(frozen=True)
+class Allowed:
+    page: str
+    text: str
+    reason: str
+    number: int  # line of the allow-list file
+
+
+def parse_allow_list(text: str) -> list[Allowed]:
+    entries = []
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        page, sep, rest = line.partition(" :: ")
+        body, hash_sep, reason = rest.partition(" # ")
+        if not sep or not hash_sep or not body.strip() or not reason.strip():
+            raise ValueError(f"docs_lint_allow.txt line {number}: expected 'PAGE :: TEXT # REASON', got {raw!r}")
+        entries.append(Allowed(page.strip(), body.strip(), reason.strip(), number))
+    return entries
+
+
+def apply_allow_list(findings: list[Finding], entries: list[Allowed]) -> tuple[list[Finding], list[Allowed]]:
+    """(findings no entry allows, entries that allowed nothing)."""
+    used: set[Allowed] = set()
+    left = []
+    for finding in findings:
+        match = next((e for e in entries if e.page == finding.page and finding.text in e.text
+                      and e.text in finding.line), None)
+        if match is None:
+            left.append(finding)
+        else:
+            used.add(match)
+    return left, [e for e in entries if e not in used]
+
+
+# ---------------------------------------------------------------------------------------------
+# The planted page: every rule fires on the FLAGGED lines, nothing fires on the rest
+# ---------------------------------------------------------------------------------------------
+
+PLANTED = """\
+# A planted page
+
+The kernel got faster at commit 3d5f4b4 and again at f16a9f7c0ffee.
+The raw log is data/logs/ch05_run.txt.
+In the second session we reran it; both sessions agree.
+As issue 6 asked, and issue #12 too; issues 6/7 remain; see PR #3, and (#20).
+Unlike the seed, we name sources; seed 003 said so in the seed notes.
+It took 12 µs, then 3.4 ms, then 0.5 us, then 7–9 ms, then 40μs.
+
+Colours #1f77b4 and #1f77b4ff, a date 2025-11-24, fp16, bf16, e4m3, 0x1f2e3d4c, 1e-5 and 2e10
+are not hashes; 3e-05 neither. A random seed of 0 and seeds in general are fine.
+Upstream: triton-lang/triton#6242 and pytorch/pytorch#123456 are fine.
+Words that are not units: 12 muses, 4 msgs, 16 users; a speed-up of 1.5x; 3 s; ms alone.
+An entity &#8203; is no issue. A heading's "# Title" neither.
+Inline `3d5f4b4 in data/logs session issue 6 12 µs` is code.
+A link [the post](https://github.com/o/r/commit/3d5f4b4?session=1#issue-6) hides its URL;
+so does <https://example.com/f16a9f7c0ffee/data/logs>, and https://example.com/abcdef1234 bare.
+<a href="https://example.com/3d5f4b4">an anchor</a> too.
+<!-- figure: a comment hides 3d5f4b4, data/logs, the session, issue 6 and 12 µs -->
+<!-- a comment
+over lines: issue 9, 7 ms
+-->
+--8<-- "tutorial_kernels/ch05_flash_v2.py:abc1234"
+
+```python
+# fenced code: 3d5f4b4 data/logs session issue 6 the seed 12 µs
+```
+
+!!! note "Inside an admonition"
+
+    ~~~~
+    indented fence: issue 7 and 3.4 ms
+    ~~~~
+
+    The admonition's prose is checked: issue 8.
+
+[ref]: https://example.com/3d5f4b4 "a reference definition"
+"""
+
+EXPECTED = [
+    ("line 3", "commit hash", "3d5f4b4"),
+    ("line 3", "commit hash", "f16a9f7c0ffee"),
+    ("line 4", "data/logs path", "data/logs"),
+    ("line 5", "session", "session"),
+    ("line 5", "session", "sessions"),
+    ("line 6", "issue reference", "issue 6"),
+    ("line 6", "issue reference", "issue #12"),
+    ("line 6", "issue reference", "issues 6/7"),
+    ("line 6", "issue reference", "PR #3"),
+    ("line 6", "issue reference", "#20"),
+    ("line 7", "seed reference", "the seed"),
+    ("line 7", "seed reference", "seed 003"),
+    ("line 7", "seed reference", "the seed"),  # "the seed notes" is one match: "the seed" comes first
+    ("line 8", "duration in prose", "12 µs"),
+    ("line 8", "duration in prose", "3.4 ms"),
+    ("line 8", "duration in prose", "0.5 us"),
+    ("line 8", "duration in prose", "7–9 ms"),
+    ("line 8", "duration in prose", "40μs"),
+    ("line 35", "issue reference", "issue 8"),
+]
+
+
+def test_every_rule_fires_on_the_planted_page_and_nothing_else_does():
+    found = [(f.where, f.rule, f.text) for f in check_markdown(PLANTED, "docs/planted.md")]
+    assert sorted(found) == sorted(EXPECTED), "\n".join(
+        ["unexpected:"] + [str(x) for x in found if x not in EXPECTED]
+        + ["missing:"] + [str(x) for x in EXPECTED if x not in found])
+
+
+def test_seed_notes_fires_on_its_own():
+    found = [(f.rule, f.text) for f in check_markdown("Our seed notes say so.", "docs/planted.md")]
+    assert found == [("seed reference", "seed notes")]
+
+
+def test_every_rule_is_planted():
+    assert {rule for _, rule, _ in EXPECTED} == set(RULES)
+
+
+def test_a_notebook_is_checked_cell_by_cell_and_its_code_is_not():
+    notebook = {"cells": [
+        {"cell_type": "markdown", "metadata": {}, "source": ["# Title\n", "\n", "In one session, 12 ms."]},
+        {"cell_type": "code", "metadata": {}, "source": "print('session 3d5f4b4, 12 ms')", "outputs": []},
+        {"cell_type": "markdown", "metadata": {}, "source": "Commit 3d5f4b4."},
+    ]}
+    found = [(f.where, f.rule, f.text) for f in check_notebook(json.dumps(notebook), "notebooks/x.ipynb")]
+    assert found == [("cell 1, line 3", "session", "session"), ("cell 1, line 3", "duration in prose", "12 ms"),
+                     ("cell 3, line 1", "commit hash", "3d5f4b4")]
+
+
+def test_the_allow_list_allows_exact_text_and_reports_unused_entries():
+    findings = check_markdown("Run 3d5f4b4 here.\nIn one session.\nAnother session.", "docs/p.md")
+    entries = parse_allow_list(
+        "# comment\n\n"
+        "docs/p.md :: Run 3d5f4b4 here # a planted reason\n"
+        "docs/p.md :: Another session # pins the second occurrence only\n"
+        "docs/p.md :: issue 6 # allows nothing\n"
+        "docs/other.md :: In one session # another page\n")
+    left, unused = apply_allow_list(findings, entries)
+    assert [(f.where, f.text) for f in left] == [("line 2", "session")]
+    assert [e.text for e in unused] == ["issue 6", "In one session"]
+
+
+def test_a_malformed_allow_list_line_is_an_error():
+    with pytest.raises(ValueError, match="PAGE :: TEXT # REASON"):
+        parse_allow_list("docs/p.md :: no reason here\n")
+
+
+# ---------------------------------------------------------------------------------------------
+# The site
+# ---------------------------------------------------------------------------------------------
+
+def test_the_site_pages_are_found():
+    pages = {p.relative_to(ROOT).as_posix() for p in site_pages()}
+    assert "docs/index.md" in pages and any(p.startswith("notebooks/") for p in pages)
+
+
+def test_no_page_carries_the_diary():
+    entries = parse_allow_list(ALLOW_FILE.read_text(encoding="utf-8"))
+    findings = [f for page in site_pages() for f in check_page(page)]
+    left, unused = apply_allow_list(findings, entries)
+    message = []
+    if left:
+        message.append(f"{len(left)} finding(s) in the pages' prose (move run history to BENCHMARKS.md, name "
+                       "sources instead of 'the seed', let figures carry the times; or, if justified, add "
+                       f"'PAGE :: TEXT # REASON' to {ALLOW_FILE.relative_to(ROOT)}):")
+        message += [f"  {f}" for f in left]
+    if unused:
+        message.append(f"{len(unused)} allow-list entr(y/ies) that allow nothing any more (delete them):")
+        message += [f"  line {e.number}: {e.page} :: {e.text}" for e in unused]
+    assert not message, "\n".join(message)
