@@ -1,5 +1,8 @@
 """Chapter 7's figures (docs/chapters/07-flash-v3-hopper.md): FlashAttention-3's schedule in Gluon.
 
+Pictures of the schedule first (`concept-…`: the program's warps and memory, the mbarrier ring, the
+overlap inside a warpgroup, the warp-specialised pipeline, persistent dealing), drawn from the kernel
+module's constants and a plain-Python restatement of its scheduling functions; then the measurements.
 The Hopper kernel against cuDNN, torch flash and the tuned Triton kernel on the FlashAttention-2
 paper's shapes (data/ch05_hopper.json), and at the prefill models' attention shape
 (data/ch05_hopper_prefill_shape.json); both are on the Benchmarks page too. The data files keep the
@@ -9,11 +12,15 @@ names they were measured under, when the kernel was part of chapter 5.
 from __future__ import annotations
 
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
+from tutorial_kernels.ch07_hopper import BLOCK_N, CONSUMER_REGS, HEAD_DIM, LOADER_REGS, ROWS_PER_WARPGROUP, STAGES
 from tutorial_kernels.figures.ch05 import probe_bars
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
-from tutorial_kernels.figures.style import HOPPER_VARIANT_COLOURS, measured_layout, provider_colour
+from tutorial_kernels.figures.style import (
+    HOPPER_VARIANT_COLOURS, LENGTH_COLOURS, add_notes, concept_layout, measured_layout, provider_colour, set_narrow,
+    shade)
 
 HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"]  # in the Hopper probe's figure
 
@@ -60,3 +67,389 @@ def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
     fig.update_layout(barmode="group")
     return measured_layout(fig, data, "Prefill attention shape (32 query heads, 8 key/value heads, d = 128, causal) "
                                       "on an H100", height=560)
+
+
+# --- pictures of the schedule (concept-… figures) ---------------------------------------------------
+#
+# Every size below is read from the kernel module (ch07_hopper.py): the tile sizes, the number of
+# stages, the register budgets. The timelines are schematic: one unit of time per wgmma of one
+# warpgroup (64 × 128 × 128), a tile's softmax 64/d × 2 units (chapter 5's arithmetic: exponentials
+# at 1/256 of the tensor cores' rate, 4d FLOPs of products per score), a K/V tile's copy LOAD_UNITS.
+# The scheduling functions (`work_items`, `dealt_item`) restate the kernel's `_work_item` and
+# `_dealt_item` in plain Python; tests/test_ch07_hopper.py runs the kernel's own code on integers and
+# checks that both give the same items.
+
+MMA_UNITS = 1.0  # one warpgroup's S_t = Q K_tᵀ or O += P̃ V: 64 × BLOCK_N × HEAD_DIM multiply-adds
+SOFTMAX_UNITS = 64 / HEAD_DIM * 2 * MMA_UNITS  # exponentials: 64/d of the two products' time
+LOAD_UNITS = 1.5  # a K/V tile's TMA copy (schematic: shorter than the four products that use it)
+LOADER_COLOUR = "#7f7f7f"
+WARPGROUP_COLOURS = ["#1f77b4", "#ff7f0e"]
+KV_TILE_BYTES = 2 * BLOCK_N * HEAD_DIM * 2  # K and V tiles of 16-bit elements: what `expect` waits for
+Q_TILE_BYTES = 2 * ROWS_PER_WARPGROUP * HEAD_DIM * 2  # both halves of a 128-row Q tile
+
+
+def work_items(n_q: int, n_k: int, n_bh: int, section: int, n_heads: int, group_size: int, causal: bool,
+               block_m: int = 2 * ROWS_PER_WARPGROUP, block_n: int = BLOCK_N) -> list[tuple[int, ...]]:
+    """Every work item in the kernel's order, as `_work_item` numbers them: (batch, head, kv_head,
+    first_row, n_full, n_tiles) for w = 0, 1, …: section by section of `section` (batch, head) pairs,
+    within a section query tile by query tile, causal tiles that see the most keys first."""
+    n_m = -(-n_q // block_m)
+    items = []
+    for w in range(n_m * n_bh):
+        first_bh = (w // (section * n_m)) * section
+        pairs = min(section, n_bh - first_bh)
+        within = w - first_bh * n_m
+        m_rank, bh = within // pairs, first_bh + within % pairs
+        if causal:
+            pid_m = n_m - 1 - m_rank
+            first_sees = pid_m * block_m + (n_k - n_q) + 1
+            last_sees = (pid_m + 1) * block_m + (n_k - n_q)
+            n_full = max(min(first_sees, n_k), 0) // block_n
+            n_tiles = -(-max(min(last_sees, n_k), 0) // block_n)
+        else:
+            pid_m, n_full, n_tiles = m_rank, n_k // block_n, -(-n_k // block_n)
+        head = bh % n_heads
+        items.append((bh // n_heads, head, head // group_size, pid_m * block_m, n_full, n_tiles))
+    return items
+
+
+def dealt_item(deal: int, program: int, programs: int, backwards: bool = True) -> int:
+    """The item program `program` of `programs` takes in deal number `deal`, as `_dealt_item` deals
+    them: forwards in even deals, backwards in odd ones; `backwards=False` deals round-robin."""
+    turn_back = deal % 2 if backwards else 0
+    return deal * programs + program + turn_back * (programs - 1 - 2 * program)
+
+
+def deal_items(n_items: int, programs: int, backwards: bool = True) -> list[list[int]]:
+    """Each program's items, in the order it runs them."""
+    deals = -(-n_items // programs)
+    return [[w for d in range(deals) if (w := dealt_item(d, p, programs, backwards)) < n_items]
+            for p in range(programs)]
+
+
+def busiest_program_tiles(lengths: list[int], programs: int, backwards: bool = True) -> int:
+    """The most key tiles any program is dealt, for items of these lengths in the kernel's order."""
+    return max(sum(lengths[w] for w in mine) for mine in deal_items(len(lengths), programs, backwards))
+
+
+def _consumer_ops(n_tiles: int, overlapped: bool) -> list[tuple]:
+    """One warpgroup's steps over an item of n_tiles key tiles, as `_attend_item` runs them
+    (overlapped) or with every product waited for at once (Triton's compiled loop)."""
+    ops: list[tuple] = [("wait_q",)]
+    if not overlapped:
+        for t in range(n_tiles):
+            ops += [("wait_full", t), ("issue", "S", t), ("wait", "S", t), ("softmax", t),
+                    ("issue", "PV", t), ("wait", "PV", t), ("release", t)]
+        return ops + [("epilogue",)]
+    ops += [("wait_full", 0), ("issue", "S", 0), ("wait", "S", 0), ("softmax", 0)]
+    for t in range(1, n_tiles):
+        ops += [("wait_full", t), ("issue", "S", t), ("issue", "PV", t - 1), ("wait", "S", t), ("softmax", t),
+                ("wait", "PV", t - 1), ("release", t - 1)]
+    return ops + [("issue", "PV", n_tiles - 1), ("wait", "PV", n_tiles - 1), ("release", n_tiles - 1), ("epilogue",)]
+
+
+def pipeline_schedule(n_tiles: int = 5, warpgroups: int = 2, overlapped: bool = True, stages: int = STAGES,
+                      loads: bool = True) -> dict:
+    """A schematic run of one work item: when the loader copies each tile into which stage, when each
+    warpgroup's products run on the (shared) tensor cores and its softmax on its own units, and when
+    each stage is released. Waits are those of the kernel: a consumer waits for its tile's "full"
+    barrier, the loader for the "empty" barrier of the tile `stages` earlier (both warpgroups'
+    releases). Returns {"loads": [(t, stage, start, end)], "mma": [(wg, kind, t, start, end)],
+    "softmax": [(wg, t, start, end)], "epilogue": [(wg, start, end)], "release": {(wg, t): time}}."""
+    release = {(wg, t): 0.0 for wg in range(warpgroups) for t in range(n_tiles)}
+    for _ in range(4 * n_tiles + 4):  # loads depend on releases and releases on loads: iterate to the fixed point
+        # `_loader`'s order: K/V tile 0, then Q (half a K/V tile's bytes), then tiles 1, 2, …
+        copies, clock, q_start, q_ready = [], 0.0, 0.0, 0.0
+        for t in range(n_tiles):
+            empty = max(release[(wg, t - stages)] for wg in range(warpgroups)) if t >= stages else 0.0
+            start = max(clock, empty) if loads else 0.0
+            end = start + (LOAD_UNITS if loads else 0.0)
+            copies.append((t, t % stages, start, end))
+            clock = end
+            if t == 0 and loads:
+                q_start, q_ready = clock, clock + LOAD_UNITS / 2
+                clock = q_ready
+        full = {t: end for t, _, _, end in copies}
+        run = _run_consumers(n_tiles, warpgroups, overlapped, full, q_ready)
+        if run["release"] == release:
+            break
+        release = run["release"]
+    return dict(run, loads=copies, q_load=(q_start, q_ready))
+
+
+def _run_consumers(n_tiles: int, warpgroups: int, overlapped: bool, full: dict, q_ready: float) -> dict:
+    programs = [_consumer_ops(n_tiles, overlapped) for _ in range(warpgroups)]
+    pc, clock = [0] * warpgroups, [0.0] * warpgroups
+    tensor_cores_free, done = 0.0, {}
+    mma, softmax, epilogue, release = [], [], [], {}
+    while any(pc[wg] < len(programs[wg]) for wg in range(warpgroups)):
+        # the warpgroup that is furthest behind acts next, so products reach the tensor cores in issue order
+        wg = min((w for w in range(warpgroups) if pc[w] < len(programs[w])), key=lambda w: (clock[w], w))
+        op = programs[wg][pc[wg]]
+        pc[wg] += 1
+        if op[0] == "wait_q":
+            clock[wg] = max(clock[wg], q_ready)
+        elif op[0] == "wait_full":
+            clock[wg] = max(clock[wg], full[op[1]])
+        elif op[0] == "issue":
+            start = max(clock[wg], tensor_cores_free)
+            tensor_cores_free = done[(wg, op[1], op[2])] = start + MMA_UNITS
+            mma.append((wg, op[1], op[2], start, start + MMA_UNITS))
+        elif op[0] == "wait":
+            clock[wg] = max(clock[wg], done[(wg, op[1], op[2])])
+        elif op[0] == "softmax":
+            softmax.append((wg, op[1], clock[wg], clock[wg] + SOFTMAX_UNITS))
+            clock[wg] += SOFTMAX_UNITS
+        elif op[0] == "release":
+            release[(wg, op[1])] = clock[wg]
+        else:
+            epilogue.append((wg, clock[wg], clock[wg] + MMA_UNITS / 2))
+            clock[wg] += MMA_UNITS / 2
+    return dict(mma=mma, softmax=softmax, epilogue=epilogue, release=release, end=max(clock))
+
+
+def _boxes(fig: go.Figure, row_label: str, spans: list[tuple[float, float]], labels: list[str], hovers: list[str],
+           colour: str | list[str], name: str, *, showlegend: bool = True, **where) -> None:
+    """Boxes on one row of a diagram: horizontal bars from start to end, labelled inside, explained on hover."""
+    fig.add_trace(go.Bar(
+        orientation="h", y=[row_label] * len(spans), base=[s for s, _ in spans], x=[e - s for s, e in spans],
+        text=labels, textposition="inside", insidetextanchor="middle", textangle=0, hovertext=hovers,
+        hoverinfo="text", marker=dict(color=colour, line=dict(color="white", width=1)), name=name,
+        legendgroup=name, showlegend=showlegend), **where)
+
+
+def _mma_label(kind: str, t: int) -> str:
+    return f"S<sub>{t}</sub>" if kind == "S" else f"P̃V<sub>{t}</sub>"
+
+
+def _mma_hover(wg: int, kind: str, t: int, overlapped: bool) -> str:
+    if kind == "S":
+        return (f"warpgroup {wg}: S<sub>{t}</sub> = Q K<sub>{t}</sub><sup>T</sup>, an asynchronous wgmma "
+                f"({ROWS_PER_WARPGROUP} × {BLOCK_N} scores, K read from shared memory)")
+    later = f", issued beside S<sub>{t + 1}</sub>" if overlapped else ""
+    return (f"warpgroup {wg}: O += P̃<sub>{t}</sub> V<sub>{t}</sub>{later} (P̃ from registers, "
+            f"V from shared memory)")
+
+
+def _draw_schedule(fig: go.Figure, run: dict, overlapped: bool, prefix: str = "", legend: bool = True,
+                   stage_rows: bool = True, **where) -> None:
+    warpgroups = 1 + max(wg for wg, *_ in run["mma"])
+    if "loads" in run and run["loads"] and run["loads"][-1][3] > 0:
+        q0, q1 = run["q_load"]
+        _boxes(fig, prefix + "loader warp", [(q0, q1)] + [(s, e) for _, _, s, e in run["loads"]],
+               ["Q"] + [f"K/V<sub>{t}</sub>" for t, *_ in run["loads"]],
+               [f"TMA: both halves of the Q tile ({Q_TILE_BYTES // 1024} KiB) into the Q buffer"]
+               + [f"TMA: K and V tile {t} ({KV_TILE_BYTES // 1024} KiB) into stage {s}; "
+                  + (f"first waits until both warpgroups released tile {t - STAGES}" if t >= STAGES
+                     else "the stage is still unused: no wait")
+                  for t, s, *_ in run["loads"]], LOADER_COLOUR, "TMA copy (loader warp)", showlegend=legend, **where)
+    for wg in range(warpgroups):
+        mine = [m for m in run["mma"] if m[0] == wg]
+        _boxes(fig, prefix + "tensor cores", [(s, e) for *_, s, e in mine], [_mma_label(k, t) for _, k, t, _, _ in mine],
+               [_mma_hover(wg, k, t, overlapped) for _, k, t, _, _ in mine], WARPGROUP_COLOURS[wg],
+               f"wgmma of warpgroup {wg}" if warpgroups > 1 else "wgmma", showlegend=legend, **where)
+    for wg in range(warpgroups):
+        mine = [s for s in run["softmax"] if s[0] == wg]
+        row = prefix + (f"warpgroup {wg}: softmax" if warpgroups > 1 else "softmax (exp2, max, sum)")
+        _boxes(fig, row, [(s, e) for *_, s, e in mine], [f"exp<sub>{t}</sub>" for _, t, *_ in mine],
+               [f"warpgroup {wg}: P̃<sub>{t}</sub> = 2^(S<sub>{t}</sub> − m), the row maxima and sums, on its own units"
+                + (f" while P̃<sub>{t - 1}</sub>V<sub>{t - 1}</sub> may still be on the tensor cores"
+                   if overlapped and t > 0 else "") for _, t, *_ in mine],
+               shade(WARPGROUP_COLOURS[wg], 0.5), f"softmax of warpgroup {wg}" if warpgroups > 1 else "softmax",
+               showlegend=legend, **where)
+        ends = [e for e in run["epilogue"] if e[0] == wg]
+        _boxes(fig, row, [(s, e) for _, s, e in ends], ["O"] * len(ends),
+               [f"warpgroup {wg}: O / ℓ, staged through its half of the Q buffer, then stored"] * len(ends),
+               shade(WARPGROUP_COLOURS[wg], -0.35), "output", showlegend=legend and wg == 0, **where)
+    if stage_rows and "loads" in run:
+        for stage in range(STAGES):
+            held = [(t, s, max(run["release"][(wg, t)] for wg in range(warpgroups)))
+                    for t, st, s, _ in run["loads"] if st == stage]
+            _boxes(fig, prefix + f"stage {stage}", [(s, e) for _, s, e in held], [f"tile {t}" for t, *_ in held],
+                   [f"stage {stage} holds K/V tile {t} from its copy until both warpgroups have arrived on "
+                    f"empty[{stage}]" for t, *_ in held], shade(LOADER_COLOUR, 0.6), "a stage in use",
+                   showlegend=legend and stage == 0, **where)
+
+
+@figure("concept-warp-specialised-pipeline")
+def warp_specialised_pipeline(n_tiles: int = 6) -> go.Figure:
+    """One program on one work item: the loader warp's TMA copies into the ring of stages, the two
+    consumer warpgroups' products on the tensor cores and their softmaxes, schematic durations."""
+    run = pipeline_schedule(n_tiles)
+    fig = go.Figure()
+    _draw_schedule(fig, run, overlapped=True)
+    rows = ["loader warp", *[f"stage {s}" for s in range(STAGES)], "tensor cores",
+            "warpgroup 0: softmax", "warpgroup 1: softmax"]
+    fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(minsize=9, mode="hide"))
+    concept_layout(
+        fig, f"One program, one work item: a loader warp, {STAGES} stages, two consumer warpgroups",
+        f"A timeline with rows for the loader warp, the {STAGES} shared-memory stages, the tensor cores and "
+        f"the softmax of each of the two consumer warpgroups. The loader copies Q, then K/V tiles "
+        f"0 to {n_tiles - 1} into stages 0, 1, 2, 0, …; a stage is refilled only after both warpgroups "
+        "released its previous tile. On the tensor-core row the products of warpgroup 0 and 1 interleave: "
+        "while one warpgroup computes its softmax, the other's products run.", height=520)
+    fig.update_yaxes(showticklabels=True, categoryorder="array", categoryarray=rows[::-1], automargin=True)
+    add_notes(fig, f"Schematic durations: one unit per wgmma of a warpgroup ({ROWS_PER_WARPGROUP} × {BLOCK_N} × "
+                   f"{HEAD_DIM}), the softmax 64/d × 2 = {SOFTMAX_UNITS:g} units at d = {HEAD_DIM}, a "
+                   f"{KV_TILE_BYTES // 1024} KiB K/V copy {LOAD_UNITS:g} units. Hover over a box for what it is.")
+    return set_narrow(fig, **{"+height": 120})
+
+
+@figure("concept-intra-warpgroup-overlap")
+def intra_warpgroup_overlap(n_tiles: int = 5) -> go.Figure:
+    """One warpgroup, all tiles already in shared memory: every product waited for at once (as
+    Triton compiles chapter 5's loop) against FA3's order (S_t issued with P̃_{t-1}V_{t-1}, wait for S_t only)."""
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.16,
+                        subplot_titles=["Every wgmma waited for at once",
+                                        "Issue S<sub>t</sub> and P̃<sub>t−1</sub>V<sub>t−1</sub>, wait for S<sub>t</sub> only"])
+    ends = []
+    for row, overlapped in ((1, False), (2, True)):
+        run = pipeline_schedule(n_tiles, warpgroups=1, overlapped=overlapped, loads=False)
+        _draw_schedule(fig, run, overlapped, prefix="" if row == 1 else " ", legend=row == 2, stage_rows=False,
+                       row=row, col=1)
+        ends.append(run["end"])
+        fig.add_vline(x=run["end"], line=dict(color="#5a6372", dash="dot", width=1), row=row, col=1)
+    fig.update_layout(barmode="overlay", bargap=0.3, uniformtext=dict(minsize=9, mode="hide"))
+    concept_layout(
+        fig, "Inside one warpgroup: the softmax of tile t beside the product of tile t − 1",
+        f"Two timelines of one warpgroup over {n_tiles} key tiles, each with a tensor-core row and a softmax row. "
+        "Above, each product is waited for before the next step: the tensor cores idle during every softmax. "
+        "Below, the scores of tile t are issued together with the product of tile t − 1, and the softmax of "
+        f"tile t runs while that product is on the tensor cores: the item ends after {ends[1]:g} units "
+        f"instead of {ends[0]:g}.", height=460)
+    fig.update_yaxes(showticklabels=True, automargin=True)
+    add_notes(fig, f"Schematic: one unit per wgmma, the softmax {SOFTMAX_UNITS:g} units (64/d × 2 at d = {HEAD_DIM}). "
+                   "The loop's first and last steps overlap nothing, which is why short items gain least.")
+    return fig
+
+
+@figure("concept-mbarrier-ring")
+def mbarrier_ring(n_tiles: int = 3 * STAGES) -> go.Figure:
+    """Tile t of the ring in stage t % STAGES; the phase each side waits for on the stage's full and
+    empty barriers, as `_load_kv_tile` and `_overlapped_step` compute them."""
+    fig = go.Figure()
+    for t in range(n_tiles):
+        stage, lap = t % STAGES, t // STAGES
+        consumer_phase = lap & 1  # _overlapped_step: mbarrier.wait(full_bars[stage], (ring_t // stages) & 1)
+        loader_phase = (lap + 1) & 1  # _load_kv_tile: wait(empty_bars[stage], ((loaded // stages) + 1) & 1, pred=…)
+        loader = (f"waits on empty[{stage}] for phase {loader_phase}: both consumers released tile {t - STAGES}"
+                  if t >= STAGES else f"stage {stage} never used yet: no wait (pred = False)")
+        _boxes(fig, f"stage {stage}", [(t + 0.05, t + 0.95)], [f"tile {t}<br>phase {consumer_phase}"],
+               [f"K/V tile {t} → stage {stage} (round {lap} of the ring)<br>loader: {loader};<br>"
+                f"then expect({KV_TILE_BYTES // 1024} KiB) on full[{stage}] and two TMA copies<br>"
+                f"consumers: wait on full[{stage}] for phase {consumer_phase} (the bytes have arrived);<br>"
+                f"each arrives on empty[{stage}] (count 2) once its P̃<sub>{t}</sub>V<sub>{t}</sub> is done"],
+               [WARPGROUP_COLOURS[0], shade(WARPGROUP_COLOURS[0], 0.45)][consumer_phase], f"phase {consumer_phase}",
+               showlegend=t in (0, STAGES))
+    for lap in range(-(-n_tiles // STAGES)):
+        fig.add_annotation(x=lap * STAGES + STAGES / 2, y=STAGES - 0.35, yref="y", showarrow=False,
+                           text=f"round {lap}: full phase {lap & 1}", font=dict(size=12, color="#5a6372"))
+    fig.update_layout(barmode="overlay", bargap=0.15, uniformtext=dict(minsize=9, mode="hide"))
+    concept_layout(
+        fig, f"The ring: K/V tile t goes to stage t mod {STAGES}, and the phase bit flips every round",
+        f"A grid of {n_tiles} K/V tiles on {STAGES} rows, one per shared-memory stage: tile t sits in stage t mod "
+        f"{STAGES}. Tiles 0 to {STAGES - 1} are waited for on their full barriers with phase 0, the next "
+        f"{STAGES} with phase 1, then phase 0 again. The loader waits on a stage's empty barrier before "
+        "refilling it, from the second round on.", height=360)
+    fig.update_yaxes(showticklabels=True, categoryorder="array",
+                     categoryarray=[f"stage {s}" for s in range(STAGES)][::-1], automargin=True)
+    add_notes(fig, "Each barrier counts arrivals and flips its phase when the count is complete: full[s] after one "
+                   f"arrival and {KV_TILE_BYTES // 1024} KiB of TMA bytes, empty[s] after two arrivals (both consumer "
+                   "warpgroups). Waiting for the phase of this round, not a count, lets one barrier serve every round.")
+    return fig
+
+
+@figure("concept-persistent-dealing")
+def persistent_dealing(n: int = 1024, heads: int = 3, programs: int = 5) -> go.Figure:
+    """Causal items of `heads` heads at n tokens, longest first (`work_items`), dealt to `programs`
+    persistent programs forwards then backwards (`dealt_item`), against round-robin."""
+    items = work_items(n, n, heads, heads, heads, 1, causal=True)
+    lengths = [it[5] for it in items]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.18,
+                        subplot_titles=["Dealt forwards, then backwards (the kernel)", "Dealt round-robin"])
+    longest = max(lengths)
+    for row, backwards in ((1, True), (2, False)):
+        dealt = deal_items(len(items), programs, backwards)
+        for deal in range(-(-len(items) // programs)):
+            spans, labels, hovers, ys, colours = [], [], [], [], []
+            for p, mine in enumerate(dealt):
+                if deal >= len(mine):
+                    continue
+                w = mine[deal]
+                start = sum(lengths[v] for v in mine[:deal])
+                batch, head, _, first_row, _, n_tiles = items[w]
+                spans.append((start, start + n_tiles))
+                labels.append(str(w))
+                ys.append(f"program {p}")
+                colours.append(LENGTH_COLOURS[min(len(LENGTH_COLOURS) - 1,
+                                                  (n_tiles - 1) * len(LENGTH_COLOURS) // longest)])
+                hovers.append(f"item {w} (deal {deal}, {'backwards' if backwards and deal % 2 else 'forwards'}): "
+                              f"head {head}, query rows {first_row}–{first_row + 127}, {n_tiles} key tiles")
+            fig.add_trace(go.Bar(orientation="h", y=ys, base=[s for s, _ in spans], x=[e - s for s, e in spans],
+                                 text=labels, textposition="inside", insidetextanchor="middle", textangle=0,
+                                 hovertext=hovers, hoverinfo="text", showlegend=False,
+                                 marker=dict(color=colours, line=dict(color="white", width=1))), row=row, col=1)
+        totals = [sum(lengths[w] for w in mine) for mine in dealt]
+        fig.add_trace(go.Scatter(x=[t + 0.3 for t in totals], y=[f"program {p}" for p in range(programs)],
+                                 mode="text", text=[str(t) for t in totals], textposition="middle right",
+                                 hoverinfo="skip", showlegend=False), row=row, col=1)
+        fig.update_yaxes(categoryorder="array", categoryarray=[f"program {p}" for p in range(programs)][::-1],
+                         row=row, col=1)
+    fig.update_layout(barmode="overlay", bargap=0.2, uniformtext=dict(minsize=9, mode="hide"))
+    rr, fb = busiest_program_tiles(lengths, programs, False), busiest_program_tiles(lengths, programs, True)
+    concept_layout(
+        fig, f"{len(items)} causal items, longest first, on {programs} persistent programs",
+        f"Two panels of {programs} rows, one per program, each a row of the items it runs, as long as their key "
+        f"tiles, numbered in the kernel's order: the {heads} heads' last query tiles (8 key tiles each) first, "
+        f"their first ones (1 key tile) last. Dealt forwards then backwards, the busiest program runs {fb} key "
+        f"tiles; dealt round-robin, program 0 draws the longest item of every deal and runs {rr}.", height=520)
+    fig.update_yaxes(showticklabels=True, automargin=True)
+    add_notes(fig, f"Causal, {heads} heads of {n} tokens: {n // 128} query tiles of 128 rows per head, seeing 1 to "
+                   f"{n // BLOCK_N} key tiles of {BLOCK_N}. The number at the end of each row is that program's key "
+                   "tiles in all; darker items are longer.")
+    return fig
+
+
+@figure("concept-hopper-program")
+def hopper_program() -> go.Figure:
+    """What one program of the kernel holds: its warps (two consumer warpgroups and a loader warp),
+    their registers, and its shared memory, from the module's constants."""
+    threads = [("consumer warpgroup 0", 128, WARPGROUP_COLOURS[0]), ("consumer warpgroup 1", 128, WARPGROUP_COLOURS[1]),
+               ("loader warp", 32, LOADER_COLOUR)]
+    regs = [(name, n * (LOADER_REGS if "loader" in name else CONSUMER_REGS), c) for name, n, c in threads]
+    q_half = ROWS_PER_WARPGROUP * HEAD_DIM * 2 // 1024
+    kv = BLOCK_N * HEAD_DIM * 2 // 1024
+    smem = ([(f"Q rows of warpgroup {i} (then its O)", q_half, shade(WARPGROUP_COLOURS[i], 0.3)) for i in range(2)]
+            + [(f"K, stage {s}", kv, shade(LOADER_COLOUR, 0.25 + 0.1 * s)) for s in range(STAGES)]
+            + [(f"V, stage {s}", kv, shade(LOADER_COLOUR, 0.5 + 0.1 * s)) for s in range(STAGES)])
+    limits = [("threads", None), ("registers (of 65,536)", 65536), ("shared memory, KiB (of 227)", 227)]
+    fig = make_subplots(rows=3, cols=1, vertical_spacing=0.2, subplot_titles=[name for name, _ in limits])
+    for row, parts in enumerate((threads, regs, smem), start=1):
+        start = 0
+        for name, size, colour in parts:
+            short = name.replace("consumer warpgroup", "WG").replace("loader warp", "loader")
+            short = short.split(" (")[0].replace("Q rows of warpgroup", "Q/O").replace(", stage ", "")
+            hover = f"{name}: {size:,}" + {1: " threads", 2: " registers", 3: " KiB"}[row]
+            if row == 1:
+                hover += f" ({size // 32} warps)"
+            if row == 2:
+                per = LOADER_REGS if "loader" in name else CONSUMER_REGS
+                hover += f" ({per} per thread)"
+            fig.add_trace(go.Bar(orientation="h", y=[""], base=[start], x=[size], text=[short], textposition="inside",
+                                 insidetextanchor="middle", textangle=0, hovertext=[hover], hoverinfo="text",
+                                 marker=dict(color=colour, line=dict(color="white", width=1)), showlegend=False),
+                          row=row, col=1)
+            start += size
+        limit = limits[row - 1][1]
+        if limit:
+            fig.add_vline(x=limit, line=dict(color="black", dash="dot", width=1.5), row=row, col=1)
+    fig.update_layout(barmode="overlay", uniformtext=dict(minsize=8, mode="hide"))
+    used = 2 * q_half + 2 * STAGES * kv
+    concept_layout(
+        fig, "One program of the kernel: two consumer warpgroups, one loader warp",
+        f"Three bars. Threads: two consumer warpgroups of 128 threads (4 warps each) and a loader warp of 32. "
+        f"Registers: {CONSUMER_REGS} per consumer thread and {LOADER_REGS} per loader thread, "
+        f"{sum(r for _, r, _ in regs):,} of the SM's 65,536. Shared memory: the Q tile's two halves of "
+        f"{q_half} KiB and {STAGES} stages of K and V, {kv} KiB each, {used} of the 227 KiB a program may use.",
+        height=420)
+    return fig

@@ -1,10 +1,13 @@
-"""Chapter 5 on Hopper: FA3's schedule in Gluon (`tutorial_kernels.ch07_hopper`).
+"""Chapter 7: FA3's schedule on Hopper, in Gluon (`tutorial_kernels.ch07_hopper`).
 
 Gluon kernels run on a GPU only (not in Triton's interpreter), and this one only on compute
 capability 9.x: its kernel tests are not collected without a GPU and skip, with that reason, on
-another GPU; the launch-plan arithmetic and the CPU refusal run everywhere. `flash_attn_hopper`'s
+another GPU; the launch-plan arithmetic, the CPU refusal and the chapter's pictures (which restate
+the kernel's scheduling in plain Python, checked here against the kernel's own code) run everywhere. `flash_attn_hopper`'s
 output on its shapes (N = 1, ragged tiles, n_q ≠ n_k both ways, grouped-/multi-query attention, both
 layouts, a poisoned `out=`, float16 and bfloat16) and its argument checks are in `test_conformance.py`."""
+
+import types
 
 import pytest
 import torch
@@ -147,3 +150,118 @@ def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch
     assert ch07_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
     assert not ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
     assert ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)
+
+
+# --- the chapter's pictures (tutorial_kernels/figures/ch07.py) --------------------------------------
+
+class _IntegerGluon:
+    """Just enough of `gl` to run the kernel's scheduling helpers on Python integers."""
+
+    def __init__(self, program: int = 0, programs: int = 1):
+        self.program, self.programs = program, programs
+
+    constexpr = object
+
+    @staticmethod
+    def cdiv(a, b):
+        return -(-a // b)
+
+    minimum, maximum = staticmethod(min), staticmethod(max)
+
+    def program_id(self, axis):
+        return self.program
+
+    def num_programs(self, axis):
+        return self.programs
+
+
+def _on_integers(jit_function, gl):
+    """The Python body of a @gluon.jit function, with `gl` replaced: the kernel's own arithmetic."""
+    fn = jit_function.fn
+    return types.FunctionType(fn.__code__, {**fn.__globals__, "gl": gl}, fn.__name__, fn.__defaults__)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("n_q,n_k,batch,heads,group,section", [
+    (1024, 1024, 1, 3, 1, 3), (2048, 2048, 1, 32, 4, 32), (300, 300, 2, 4, 2, 3), (1000, 130, 1, 3, 3, 1),
+    (100, 357, 2, 2, 1, 4), (1, 1, 1, 1, 1, 1), (777, 777, 3, 5, 5, 2)])
+def test_the_pictures_number_work_items_as_the_kernel_does(n_q, n_k, batch, heads, group, section, causal):
+    from tutorial_kernels.ch07_hopper import _work_item
+    from tutorial_kernels.figures.ch07 import work_items
+
+    kernel = _on_integers(_work_item, _IntegerGluon())
+    n_bh = batch * heads
+    ours = work_items(n_q, n_k, n_bh, section, heads, group, causal)
+    assert ours == [kernel(w, n_bh, section, heads, group, n_q, n_k, causal, 128, 128) for w in range(len(ours))]
+    assert sorted((b, h, row) for b, h, _, row, _, _ in ours) == sorted(
+        (b, h, row) for b in range(batch) for h in range(heads) for row in range(0, n_q, 128))  # each tile once
+    if causal and section == n_bh:
+        lengths = [item[5] for item in ours]
+        assert lengths == sorted(lengths, reverse=True)  # longest first
+
+
+@pytest.mark.parametrize("programs", [1, 2, 5, 132])
+def test_the_pictures_deal_items_as_the_kernel_does(programs):
+    from tutorial_kernels.ch07_hopper import _dealt_item
+    from tutorial_kernels.figures.ch07 import deal_items, dealt_item
+
+    for program in range(programs):
+        kernel = _on_integers(_dealt_item, _IntegerGluon(program, programs))
+        assert [dealt_item(d, program, programs) for d in range(7)] == [kernel(d) for d in range(7)]
+    n_items = 3 * programs + 1
+    dealt = deal_items(n_items, programs)
+    assert sorted(w for mine in dealt for w in mine) == list(range(n_items))  # every item once
+    assert dealt[0][:2] == [0, 2 * programs - 1]
+
+
+def test_dealing_forwards_and_backwards_evens_out_the_prefill_shape():
+    # The page's arithmetic: 32 heads of 2048 tokens, causal, 512 items on 132 programs.
+    from tutorial_kernels.figures.ch07 import busiest_program_tiles, work_items
+
+    lengths = [item[5] for item in work_items(2048, 2048, 32, 32, 32, 4, causal=True)]
+    assert len(lengths) == 512 and sum(lengths) == 32 * sum(range(1, 17))
+    assert busiest_program_tiles(lengths, 132, backwards=True) == 34
+    assert busiest_program_tiles(lengths, 132, backwards=False) == 40
+
+
+def test_the_pipeline_picture_keeps_the_kernels_barriers():
+    from tutorial_kernels.ch07_hopper import STAGES
+    from tutorial_kernels.figures.ch07 import MMA_UNITS, pipeline_schedule
+
+    n_tiles = 7
+    run = pipeline_schedule(n_tiles)
+    done = {(wg, kind, t): end for wg, kind, t, _, end in run["mma"]}
+    loaded = {t: end for t, _, _, end in run["loads"]}
+    for t, stage, start, _ in run["loads"]:
+        assert stage == t % STAGES
+        if t >= STAGES:  # the empty barrier: both warpgroups released the stage's previous tile
+            assert start >= max(run["release"][(wg, t - STAGES)] for wg in (0, 1))
+    for wg, kind, t, start, _ in run["mma"]:
+        assert start >= loaded[t]  # the full barrier
+    spans = sorted((start, end) for *_, start, end in run["mma"])
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # one product at a time on the tensor cores
+    for wg, t, start, end in run["softmax"]:
+        assert start >= done[(wg, "S", t)]
+        if t > 0:  # FA3's order: P̃_{t-1} V_{t-1} was issued before the softmax of tile t began
+            assert [s for w, k, u, s, _ in run["mma"] if (w, k, u) == (wg, "PV", t - 1)][0] < end
+    for (wg, t), released in run["release"].items():
+        assert released >= done[(wg, "PV", t)]
+    alone = pipeline_schedule(n_tiles, warpgroups=1, overlapped=True, loads=False)
+    waited = pipeline_schedule(n_tiles, warpgroups=1, overlapped=False, loads=False)
+    assert alone["end"] < waited["end"]
+    assert sum(e - s for *_, s, e in alone["mma"]) == 2 * n_tiles * MMA_UNITS
+
+
+def test_every_chapter_7_figure_builds_and_every_picture_has_alt_text():
+    from tutorial_kernels.figures import FIGURES, build
+    from tutorial_kernels.figures.style import figure_meta
+
+    names = [name for name, factory in FIGURES.items() if factory.__module__ == "tutorial_kernels.figures.ch07"]
+    concepts = [name for name in names if name.startswith("concept-")]
+    assert {"concept-warp-specialised-pipeline", "concept-mbarrier-ring", "concept-intra-warpgroup-overlap",
+            "concept-persistent-dealing"} <= set(concepts)
+    for name in names:
+        fig = build(name)
+        assert fig.data, name
+        if name in concepts:
+            assert len(figure_meta(fig).get("alt", "")) > 80, name
