@@ -1,4 +1,4 @@
-"""Chapter 5, on Hopper — FlashAttention-2's forward with FlashAttention-3's schedule, in Gluon.
+"""Chapter 7, FlashAttention-3 on Hopper — chapter 5's forward with FlashAttention-3's schedule, in Gluon.
 
 The algorithm is chapter 5's (Q tile outside, K/V tiles inside, online softmax, one division at the
 end); what changes is who does what, and when (FlashAttention-3, Shah et al. 2024, §3.1–3.2):
@@ -42,14 +42,16 @@ from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
 _tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
+# --8<-- [start:tile_sizes]
 HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups make a 128-row Q tile
 BLOCK_N = 128  # keys per K/V tile
 STAGES = 3  # K/V tiles in flight: 32 KiB of Q (later O) + 3 × 64 KiB of K/V = 224 of the 227 KiB allowed
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
+# --8<-- [end:tile_sizes]
 # From how many queries and keys the model adapter prefers this kernel to chapter 5's Triton kernel
 # (`preferred_over_triton`), as measured on the H100 (data/ch05_hopper_prefill_shape.json,
-# data/ch07_hopper.json): with persistent programs from 1024, with one program per item from 2048.
+# data/ch05_hopper.json): with persistent programs from 1024, with one program per item from 2048.
 # Below that an item has few key tiles, and the loop's first and last steps, which overlap nothing,
 # weigh most. A decoding step (one query) would fill a 128-row tile with one row: left to Triton.
 MIN_KEYS_PERSISTENT = 1024
@@ -139,6 +141,7 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
             started += 1
 
 
+# --8<-- [start:load_kv_tile]
 @gluon.jit
 def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, t):
     """Key/value tile t of one (batch, kv_head) into stage loaded % stages of the ring, which is the
@@ -152,6 +155,7 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded,
     mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
     _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+# --8<-- [end:load_kv_tile]
 # --8<-- [end:loader]
 
 
@@ -167,6 +171,7 @@ def _hide_invisible(s, t, offs_m, n_q, n_k, CAUSAL: gl.constexpr, block_n: gl.co
     return gl.where(visible, s, float("-inf"))
 
 
+# --8<-- [start:overlapped_step]
 @gluon.jit
 def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i, l_i, no_scores,
                      offs_m, n_q, n_k, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
@@ -201,6 +206,7 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, acc.type.layout))[:, None]  # O ← diag(α_t) O
     p_prev = gl.convert_layout(p.to(p_prev.dtype), p_prev.type.layout)
     return acc, p_prev, m_new, l_i
+# --8<-- [end:overlapped_step]
 
 
 @gluon.jit
@@ -279,6 +285,7 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             used += n_tiles
             started += 1
 
+            # --8<-- [start:stage_output]
             l_o = gl.convert_layout(l_i, gl.SliceLayout(1, acc.type.layout))
             out = acc / gl.where(l_o > 0.0, l_o, 1.0)[:, None]  # a row that sees no key: 0
             # Straight from wgmma's layout each thread holds pairs of adjacent columns, so every store
@@ -299,6 +306,7 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             o_base = batch.to(gl.int64) * stride_ob + head.to(gl.int64) * stride_oh
             ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
             gl.store(ptrs, o_rows, mask=(rows < n_q)[:, None])
+            # --8<-- [end:stage_output]
 # --8<-- [end:consumer]
 
 
@@ -356,6 +364,7 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     dtype: gl.constexpr = q_desc.dtype
     n_items = gl.cdiv(n_q, 2 * rows_per_wg) * n_bh
 
+    # --8<-- [start:barriers]
     q_smem = gl.allocate_shared_memory(dtype, [2, 1, 1, rows_per_wg, head_dim], q_desc.layout)
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], k_desc.layout)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_n, head_dim], v_desc.layout)
@@ -369,11 +378,13 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
         mbarrier.init(full_bars.index(i), count=1)  # completed by the TMA bytes arriving
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
     fence_async_shared()  # the barriers' initialisation, visible to the TMA unit before it signals them
+    # --8<-- [end:barriers]
 
     items = (n_items, n_bh, section, n_heads, group_size, n_q, n_k)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
                      stride_om) + items + (qk_scale,)
     loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars) + items
+    # --8<-- [start:warp_specialize]
     # the default partition (this program's 4 warps) is consumer 0; the workers are consumer 1 (4
     # warps) and the loader (1 warp), each with its own register budget
     if CAUSAL:
@@ -382,6 +393,7 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     else:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL,)), (_consumer_1_full, consumer_args),
                             (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    # --8<-- [end:warp_specialize]
 # --8<-- [end:kernel]
 
 _launches = LaunchPlans(_flash_hopper_fwd)  # launches repeated without Triton's dispatch (launch_plan.py)
