@@ -35,6 +35,96 @@ from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, from_log2_units, head_dim_block, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
+# --- the minimal kernel: FlashAttention-2 and nothing else -------------------------------------------
+
+# --8<-- [start:minimal_kernel]
+@triton.jit
+def _flash_v2_minimal_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    n_heads, group_size, n_q, n_k, head_dim, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: rows [pid_m·BLOCK_M, +BLOCK_M) of the queries of one (batch, head), against every
+    key they may see. BLOCK_D is head_dim rounded up to a power of two; the extra columns load as 0."""
+    pid_m = tl.program_id(0)  # i: which tile of queries (grid axis 0: parallel over the sequence)
+    pid_bh = tl.program_id(1).to(tl.int64)  # which (batch, head); 64-bit before it meets a stride
+    batch, head = pid_bh // n_heads, pid_bh % n_heads
+    kv_head = head // group_size  # grouped-query attention: group_size query heads share K and V
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh
+                + offs_m[:, None] * stride_qm + offs_d[None, :] * stride_qd,
+                mask=(offs_m[:, None] < n_q) & d_ok[None, :], other=0.0)  # Q_i, loaded once
+    k_head = k_ptr + batch * stride_kb + kv_head * stride_kh
+    v_head = v_ptr + batch * stride_vb + kv_head * stride_vh
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # m_i = −∞, in log₂ units
+    l_i = tl.zeros([BLOCK_M], tl.float32)  # ℓ_i = 0
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)  # O_i = 0, un-normalised, in registers
+
+    # causal, bottom-right: query r sees key c when c ≤ r + (n_k − n_q); no key past the last row's
+    hi = tl.minimum((pid_m + 1) * BLOCK_M + (n_k - n_q), n_k) if CAUSAL else n_k
+    for start_n in range(0, hi, BLOCK_N):  # j = 1 … T_c: the K/V tiles this query tile may see
+        cols = start_n + offs_n
+        k_t = tl.load(k_head + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                      mask=(cols[None, :] < n_k) & d_ok[:, None], other=0.0)  # K_jᵀ
+        s = tl.dot(q, k_t) * qk_scale  # S = τ·log₂e · Q_i K_jᵀ: scores in log₂ units
+        visible = cols[None, :] < n_k  # the ragged last tile
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # m_new = max(m_i, rowmax S)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row that sees no key yet: no −∞ − (−∞)
+        p = tl.math.exp2(s - shift[:, None])  # P̃ = 2^{S − m_new} = e^{τ·QKᵀ − m_new·ln2}
+        alpha = tl.math.exp2(m_i - shift)  # α = 2^{m_i − m_new}
+        l_i = l_i * alpha + tl.sum(p, axis=1)  # ℓ_i ← α ℓ_i + rowsum P̃
+        v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)  # V_j
+        acc = acc * alpha[:, None]  # O_i ← diag(α) O_i
+        acc = tl.dot(p.to(v.dtype), v, acc)  # O_i ← O_i + P̃ V_j, on the tensor cores
+        m_i = m_new
+
+    o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # O_i ← diag(ℓ_i)⁻¹ O_i, once; ℓ_i = 0: no key, O_i = 0
+    tl.store(o_ptr + batch * stride_ob + head * stride_oh
+             + offs_m[:, None] * stride_om + offs_d[None, :] * stride_od,
+             o.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < n_q) & d_ok[None, :])
+# --8<-- [end:minimal_kernel]
+
+
+# --8<-- [start:minimal_launcher]
+def flash_attn_v2_minimal(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
+    *, out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """FlashAttention-2 forward, the minimal kernel: softmax(scale · Q Kᵀ) V.
+
+    q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H (grouped-query attention);
+    16 ≤ d ≤ 256; any strides; float16, bfloat16 or float32. Causal masks are bottom-right aligned.
+    out: an optional (B, H, n_q, d) buffer, contiguous or a permuted view of a contiguous tensor.
+    Raises ValueError / TypeError naming the argument for inputs outside this contract."""
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(
+        out, "out", tuple(q.shape), q, any_dense_layout=True)
+    config = teaching_config(shape.head_dim)  # 64 × 64 tiles, 4 warps, 2 stages (32 × 32 on the CPU)
+    grid = (triton.cdiv(shape.n_q, config["BLOCK_M"]), shape.batch * shape.heads)  # (T_r, B·H)
+    _flash_v2_minimal_kernel[grid](
+        q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
+        shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
+        shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
+        CAUSAL=causal, BLOCK_D=head_dim_block(shape.head_dim), **config)
+    return o
+# --8<-- [end:minimal_launcher]
+
+
+# --- the teaching and tuned kernel: the minimal one, with the extras that made it fast ---------------
+
 # --8<-- [start:inner_loop]
 @triton.jit
 def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.constexpr):
@@ -423,5 +513,5 @@ def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     return TUNED.choice_for(triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal, q.dtype)
 
 
-__all__ = ["flash_attn_v2", "flash_attn_v2_tuned", "flash_attn_v2_with_lse", "teaching_config", "tuned_choice",
-           "TILE_CONFIGS", "TUNED"]
+__all__ = ["flash_attn_v2_minimal", "flash_attn_v2", "flash_attn_v2_tuned", "flash_attn_v2_with_lse",
+           "teaching_config", "tuned_choice", "TILE_CONFIGS", "TUNED"]

@@ -29,7 +29,7 @@ import torch
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention
 from tutorial_kernels.ch03_tiling_online_softmax import online_softmax_attention
 from tutorial_kernels.ch04_flash_v1 import flash_attn_v1
-from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned
+from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_minimal, flash_attn_v2_tuned
 from tutorial_kernels.ch07_hopper import HEAD_DIM as HOPPER_HEAD_DIM
 from tutorial_kernels.ch07_hopper import flash_attn_hopper
 from tutorial_kernels.ch06_backward import flash_attention
@@ -113,6 +113,8 @@ def _on_hopper() -> str | None:
 # (`_head_dim_blocks`); two blocks gave wrong outputs at those two on the H100: they guard that choice.
 V2_HEAD_DIMS = (16, 32, 48, 64, 72, 80, 96, 128, 160, 256)
 BACKWARD_HEAD_DIMS = (16, 32, 64, 80, 128, 256)
+# the minimal kernel pads every head_dim to one power-of-two block: 48, 80 and 160 are padded, 256 is the largest
+MINIMAL_HEAD_DIMS = (16, 32, 48, 64, 80, 128, 160, 256)
 
 
 def _tuned_cases() -> list[Case]:
@@ -165,7 +167,10 @@ IMPLEMENTATIONS = [
     Implementation("online_softmax_attention", online_softmax_attention),
     # chapter 4: FlashAttention-1's schedule (K/V outer, Q inner)
     Implementation("flash_attn_v1", flash_attn_v1),
-    # chapter 5: FlashAttention-2, the teaching configuration and the autotuned launch
+    # chapter 5: FlashAttention-2, the minimal kernel (one loop, every tile masked, d padded to a power of two)
+    Implementation("flash_attn_v2_minimal", flash_attn_v2_minimal, max_head_dim=256,
+                   head_dims=MINIMAL_HEAD_DIMS, gqa=True, out=DENSE_OUT),
+    # chapter 5: the same algorithm with the extras, the teaching configuration and the autotuned launch
     Implementation("flash_attn_v2", flash_attn_v2, max_head_dim=256, head_dims=V2_HEAD_DIMS, gqa=True,
                    out=DENSE_OUT),
     Implementation("flash_attn_v2_tuned", flash_attn_v2_tuned, max_head_dim=256, head_dims=V2_HEAD_DIMS,

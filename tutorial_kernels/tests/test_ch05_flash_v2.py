@@ -1,6 +1,7 @@
-"""Chapter 5: FlashAttention-2 forward — teaching and tuned launchers: what is particular to them.
+"""Chapter 5: FlashAttention-2 forward — the minimal kernel, the teaching and tuned launchers: what is
+particular to them.
 
-Both launchers' output on every shape (head dimensions 16 to 256, 48/80/96 in two blocks, 72/160 in
+The three launchers' output on every shape (head dimensions 16 to 256, 48/80/96 in two blocks, 72/160 in
 one), dtype, layout (inputs and `out=` in a model's (B, N, H, d) memory), scale, grouped-/multi-query
 attention and bad input (an `out=` that overlaps or leaves gaps included) is checked by
 `test_conformance.py`."""
@@ -15,8 +16,10 @@ from tutorial_kernels.ch05_flash_v2 import (
     _head_dim_blocks,
     _launch_teaching,
     flash_attn_v2,
+    flash_attn_v2_minimal,
     flash_attn_v2_tuned,
     flash_attn_v2_with_lse,
+    teaching_config,
 )
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
 from tutorial_kernels.runtime import interpreter_active
@@ -29,6 +32,45 @@ from tutorial_kernels.testing import Case, assert_close, check_attention, random
                                              (256, (256, 0))])
 def test_head_dim_blocks(head_dim, blocks):
     assert _head_dim_blocks(head_dim) == blocks
+
+
+def _tiles(head_dim: int) -> tuple[int, int]:
+    config = teaching_config(head_dim)  # the minimal launcher's tiles too
+    return config["BLOCK_M"], config["BLOCK_N"]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_minimal_kernel_at_tile_edges(causal):
+    """Lengths one short of, equal to and one past a whole tile, and n_q ≫ n_k, where the causal bound
+    `hi` of the first query tiles is ≤ 0 (their loop runs zero times and their rows must be zeros)."""
+    bm, bn = _tiles(80)
+    for n_q, n_k in [(bm - 1, bn - 1), (bm, bn), (bm + 1, bn + 1), (2 * bm + 3, 5), (3, 2 * bn + 1)]:
+        check_attention(flash_attn_v2_minimal, Case(1, 2, n_q, n_k, 80), causal, torch.float32)
+
+
+@pytest.mark.filterwarnings("ignore:.*:RuntimeWarning")  # the other query tile computes with the NaNs
+def test_minimal_kernel_never_loads_hidden_tiles():
+    """Causal, n_q = n_k: the first query tile sees keys [0, BLOCK_M) only, so it must not even load the
+    tiles after them. Filled with NaN there, any load of those tiles would reach its rows (0 · NaN = NaN)."""
+    bm, _ = _tiles(64)
+    x = random_qkv(1, 2, 2 * bm, 2 * bm, 64, torch.float32)
+    k, v = x.k.clone(), x.v.clone()
+    k[:, :, bm:] = float("nan")
+    v[:, :, bm:] = float("nan")
+    out = flash_attn_v2_minimal(x.q, k, v, causal=True)
+    ref = reference_attention(x.q[:, :, :bm], x.k[:, :, :bm], x.v[:, :, :bm], True)
+    assert_close(out[:, :, :bm], ref, torch.float32, seed=x.seed)
+
+
+def test_minimal_kernel_says_what_it_takes():
+    x = random_qkv(1, 4, 8, 8, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"k's heads \(3\) must divide q's heads \(4\)"):
+        flash_attn_v2_minimal(x.q, x.k[:, :3], x.v[:, :3])
+    y = random_qkv(1, 1, 8, 8, 264, torch.float32)
+    with pytest.raises(ValueError, match=r"head_dim \(q.shape\[3\]\) must be between 16 and 256, got 264"):
+        flash_attn_v2_minimal(y.q, y.k, y.v)
+    with pytest.raises(TypeError, match=r"causal must be a bool, got str 'yes'"):
+        flash_attn_v2_minimal(x.q, x.k, x.v, causal="yes")
 
 
 @pytest.mark.parametrize("with_lse", [False, True], ids=["no-lse", "lse"])
