@@ -19,7 +19,7 @@ from tutorial_kernels.figures.ch05 import probe_bars
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.style import (
-    HOPPER_VARIANT_COLOURS, LENGTH_COLOURS, add_notes, concept_layout, measured_layout, provider_colour, set_narrow,
+    HOPPER_VARIANT_COLOURS, LENGTH_COLOURS, WAVE_COLOURS, add_notes, concept_layout, measured_layout, provider_colour, set_narrow,
     shade)
 
 HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"]  # in the Hopper probe's figure
@@ -28,7 +28,7 @@ HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sd
 @figure("ch07-hopper")
 def hopper_schedule(data: dict | None = None) -> go.Figure:
     """Chapter 7's Hopper kernel (FA3's schedule in Gluon) against cuDNN, torch flash and the tuned
-    Triton kernel, head_dim 128, bfloat16 (data/ch07_hopper.json, experiments/2026-11-22_hopper_schedule/probe_hopper_schedule.py)."""
+    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, experiments/2026-11-22_hopper_schedule/probe_hopper_schedule.py)."""
     from tutorial_kernels.bench import PROVIDERS
 
     return probe_bars(data or load_data("ch05_hopper"),
@@ -453,3 +453,57 @@ def hopper_program() -> go.Figure:
         f"{q_half} KiB and {STAGES} stages of K and V, {kv} KiB each, {used} of the 227 KiB a program may use.",
         height=420)
     return fig
+
+
+def store_pattern(staged: bool, rows: int = 8, cols: int = 32) -> tuple[list[list[int]], list[list[int]]]:
+    """For the first `rows` × `cols` elements of warp 0's part of O (16-bit): which lane holds each
+    element when it is stored, and which of the warp's store instructions writes it. Straight from
+    wgmma's accumulator layout, lane l holds columns 2(l mod 4) + {0, 1} + 8j of rows l div 4 (and
+    + 8), one instruction per j and row half; staged (`store_layout`: [1, 8] per thread, 16 threads per row), lane
+    l holds 8 adjacent columns 8(l mod 16) … of row l div 16 + 2i in instruction i."""
+    lanes, instructions = [], []
+    for r in range(rows):
+        lane_row, instr_row = [], []
+        for c in range(cols):
+            if staged:
+                per_row = HEAD_DIM // 8  # threads per row
+                lane_row.append((r % (32 // per_row)) * per_row + c // 8)
+                instr_row.append(r // (32 // per_row))
+            else:
+                lane_row.append((r % 8) * 4 + (c % 8) // 2)
+                instr_row.append(c // 8 + (HEAD_DIM // 8) * ((r // 8) % 2))  # rows l div 4 + 8: other instructions
+        lanes.append(lane_row)
+        instructions.append(instr_row)
+    return lanes, instructions
+
+
+@figure("concept-output-stores")
+def output_stores(rows: int = 8, cols: int = 32) -> go.Figure:
+    """Which lane stores which element of O, and in which instruction, from wgmma's layout and after
+    staging through shared memory; 32-byte sectors marked."""
+    fig = make_subplots(rows=2, cols=1, vertical_spacing=0.2, subplot_titles=[
+        "From wgmma's accumulator layout: 4 bytes per thread per store", "Staged through shared memory: 16 bytes per thread"])
+    colours = WAVE_COLOURS[:4]
+    for panel, staged in ((1, False), (2, True)):
+        lanes, instr = store_pattern(staged, rows, cols)
+        width = 16 if staged else 4
+        hover = [[f"row {r}, column {c}: lane {lanes[r][c]}, store instruction {instr[r][c]} "
+                  f"({width} bytes from this thread)" for c in range(cols)] for r in range(rows)]
+        top = max(max(row) for row in instr)
+        scale = [[i / (top + 1) + e / (top + 1), colours[i % len(colours)]] for i in range(top + 1) for e in (0, 1)]
+        fig.add_trace(go.Heatmap(z=instr, text=lanes, texttemplate="%{text}", hovertext=hover, hoverinfo="text",
+                                 colorscale=scale, zmin=-0.5, zmax=top + 0.5, showscale=False, xgap=1, ygap=1,
+                                 textfont=dict(size=9, color="white")), row=panel, col=1)
+        for sector in range(16, cols, 16):  # a 32-byte sector: 16 columns of 16-bit elements
+            fig.add_vline(x=sector - 0.5, line=dict(color="black", width=2), row=panel, col=1)
+        fig.update_yaxes(autorange="reversed", row=panel, col=1)
+    concept_layout(
+        fig, "Writing O: two half-sector stores, or one whole-sector store",
+        f"Two grids of the first {rows} rows and {cols} columns of O, each cell labelled with the lane that "
+        "stores it and coloured by store instruction, thick lines every 16 columns (one 32-byte sector). "
+        "Above, from wgmma's layout, each lane holds two adjacent columns and every sector is written half "
+        "by one instruction and half by the next. Below, after staging through shared memory, each lane "
+        "holds eight adjacent columns and each sector is written whole by one instruction.", height=520)
+    add_notes(fig, f"Warp 0 of a consumer warpgroup, {HEAD_DIM} columns of 16-bit values in all; a cell's number is "
+                   "its lane, its colour the store instruction that writes it (hover for both).")
+    return set_narrow(fig, **{"+height": 60})

@@ -259,9 +259,23 @@ def test_every_chapter_7_figure_builds_and_every_picture_has_alt_text():
     names = [name for name, factory in FIGURES.items() if factory.__module__ == "tutorial_kernels.figures.ch07"]
     concepts = [name for name in names if name.startswith("concept-")]
     assert {"concept-warp-specialised-pipeline", "concept-mbarrier-ring", "concept-intra-warpgroup-overlap",
-            "concept-persistent-dealing"} <= set(concepts)
+            "concept-persistent-dealing", "concept-output-stores", "concept-hopper-program"} <= set(concepts)
     for name in names:
         fig = build(name)
         assert fig.data, name
         if name in concepts:
             assert len(figure_meta(fig).get("alt", "")) > 80, name
+
+
+def test_the_output_picture_writes_each_sector_in_two_instructions_or_in_one():
+    from tutorial_kernels.figures.ch07 import store_pattern
+
+    for staged, per_sector in ((False, 2), (True, 1)):
+        lanes, instructions = store_pattern(staged, rows=16, cols=128)
+        for r in range(16):
+            for sector in range(0, 128, 16):  # 32 bytes of 16-bit values
+                assert len(set(instructions[r][sector:sector + 16])) == per_sector
+        # each store instruction of the warp writes each (row, column) once: 32 lanes × 2 or 8 columns
+        cells = [(lanes[r][c], instructions[r][c]) for r in range(16) for c in range(128)]
+        per_lane = 8 if staged else 2
+        assert all(cells.count(cell) == per_lane for cell in set(cells))
