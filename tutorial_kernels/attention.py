@@ -32,9 +32,12 @@ import torch
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import flash_attn_backward
 from tutorial_kernels.ch07_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
+from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.validation import check_attention_inputs
 
 MAX_HEAD_DIM = 256
+MAX_DECISIONS = 4096  # remembered calls (`flash_attention`); forgotten all at once beyond this
+_DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale)
 
 
 def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, training: bool) -> str:
@@ -49,10 +52,8 @@ def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
 
 
 # --8<-- [start:custom_ops]
-def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
-              sm_scale: float) -> None:
-    """Inference: O = softmax(sm_scale · Q Kᵀ) V written into `out` (B, H, n_q, d), any dense layout."""
-    kernel = kernel_for(q, k, v, causal, training=False)
+def _launch(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
+            sm_scale: float) -> None:
     if kernel == "hopper":
         flash_attn_hopper(q, k, v, causal, sm_scale, out=out)  # Hopper, FA3's schedule (chapter 7)
     elif kernel == "triton-tuned":
@@ -61,8 +62,14 @@ def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
         flash_attn_v2(q, k, v, causal, sm_scale, out=out)  # the interpreter: one small configuration
 
 
+def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
+              sm_scale: float) -> None:
+    """Inference: O = softmax(sm_scale · Q Kᵀ) V written into `out` (B, H, n_q, d), any dense layout."""
+    _launch(kernel_for(q, k, v, causal, training=False), q, k, v, out, causal, sm_scale)
+
+
 # The same body as an operator torch.compile can trace. Eager calls skip the operator: its dispatch
-# costs tens of microseconds per call on the CPU, more than the launch it wraps at short lengths.
+# costs tens of microseconds of CPU time per call, more than the launch it wraps at short lengths.
 _attention_into = torch.library.custom_op("tutorial_kernels::attention_into", _run_into, mutates_args=("out",))
 
 
@@ -126,22 +133,44 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     out: a (B, H, n_q, d) tensor to write into (any dense layout); not with autograd, as in PyTorch.
     Raises TypeError / ValueError naming the argument for inputs outside this contract.
     """
+    training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    if torch.compiler.is_compiling():  # traced once: the operators go into the graph
+        scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
+        if training:
+            return _attention_fwd(q, k, v, bool(causal), scale)[0]
+        out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+        _attention_into(q, k, v, out, bool(causal), scale)
+        return out
+    # Eagerly, a call like an earlier one (shapes, strides, dtypes, flags) passed the same checks and
+    # picks the same kernel: remembered, so that a model's layers pay for neither again.
+    key = attention_call_key(q, k, v, out, causal, sm_scale, training)
+    decision = _DECISIONS.get(key) if key is not None else None
+    if decision is None:
+        scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
+        decision = ("train" if training else kernel_for(q, k, v, causal, training=False), scale)
+        if key is not None:
+            if len(_DECISIONS) >= MAX_DECISIONS:
+                _DECISIONS.clear()
+            _DECISIONS[key] = decision
+    kernel, scale = decision
+    if kernel == "train":
+        return _attention_fwd(q, k, v, causal, scale)[0]
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    _launch(kernel, q, k, v, out, causal, scale)  # the operator's body, without its dispatch
+    return out
+
+
+def _checked_scale(q, k, v, causal, sm_scale, out, training: bool) -> float:
+    """The full checks of a call (raising TypeError / ValueError naming the argument); its scale."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=MAX_HEAD_DIM, allow_gqa=True)
-    scale = float(shape.sm_scale)
-    training = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if out is not None:
         if training:
             raise RuntimeError("flash_attention(): functions with out=... arguments don't support automatic "
                                "differentiation, but one of the arguments (q, k, v) requires grad; call it "
                                "without out= to train")
         _check_out(out, q)
-    if training:
-        return _attention_fwd(q, k, v, bool(causal), scale)[0]
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    into = _attention_into if torch.compiler.is_compiling() else _run_into
-    into(q, k, v, out, bool(causal), scale)
-    return out
+    return float(shape.sm_scale)
 # --8<-- [end:flash_attention]
 
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 import tutorial_kernels
 from tutorial_kernels.attention import flash_attention, kernel_for, scaled_dot_product_attention
 from tutorial_kernels.reference import reference_attention
+from tutorial_kernels.runtime import default_device
 from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, assert_close, grad_tolerance, poisoned, random_qkv
 
 # (batch, heads, kv_heads, n_q, n_k, head_dim): N = 1, ragged tiles, d = 80, n_q ≠ n_k both ways with
@@ -74,7 +75,7 @@ def test_out_refuses_autograd_as_pytorch_does():
 def test_sdpa_matches_torch(shape, is_causal):
     shape = (2, *shape) if len(shape) == 2 else shape  # (N, L, E)
     gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(shape, generator=gen) for _ in range(3))
+    q, k, v = (torch.randn(shape, generator=gen).to(default_device()) for _ in range(3))
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=is_causal)
     got = scaled_dot_product_attention(q, k, v, is_causal=is_causal, scale=None)
     assert got.shape == want.shape
@@ -83,8 +84,8 @@ def test_sdpa_matches_torch(shape, is_causal):
 
 def test_sdpa_grouped_query_and_scale_as_torch():
     gen = torch.Generator().manual_seed(2)
-    q, k, v = torch.randn(1, 4, 30, 32, generator=gen), torch.randn(1, 2, 45, 32, generator=gen), torch.randn(
-        1, 2, 45, 32, generator=gen)
+    q, k, v = (torch.randn(shape, generator=gen).to(default_device()) for shape in
+               ((1, 4, 30, 32), (1, 2, 45, 32), (1, 2, 45, 32)))
     want = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.3, enable_gqa=True)
     assert_close(scaled_dot_product_attention(q, k, v, scale=0.3, enable_gqa=True), want, torch.float32, seed=2)
 
