@@ -7,11 +7,26 @@ call, Python work that costs about as much as the launch itself, and a model pay
 layer. `TunedKernel` asks the autotuner once per tuning key, keeps its choice (`choices`), and
 launches later calls with it directly; a call that also has a launch key (`perf.launch_plan`) is
 remembered there (`plans`) and relaunched without Triton's dispatch next time.
+
+Two things a user would otherwise pay for at every new shape:
+* the timing itself, in every new process: the autotuner keeps its timings on disk
+  (`cache_results=True`, in Triton's cache directory, keyed by Triton's version, the GPU's target,
+  the kernel's source, the tuning key and the candidates), so a shape tuned once is not timed again;
+* the noise of a candidate that fails to compile: the autotuner drops it (infinite time), but the
+  compiler's reproducer and ptxas's own output reach the terminal. `quiet_tuning` sends everything
+  written to the process's stderr during a tuning pass to the `tutorial_kernels.perf.autotune`
+  logger instead, once, at debug level.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
+import contextlib
+import io
+import logging
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import triton
 
@@ -19,6 +34,28 @@ from tutorial_kernels.perf.descriptors import use_descriptor_scratch
 from tutorial_kernels.perf.launch_plan import LaunchPlans
 
 Grid = Callable[[dict], tuple[int, ...]]
+log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def quiet_tuning(what: str) -> Iterator[None]:
+    """Everything written to stderr inside the block, by Python (`sys.stderr`) or by a compiler
+    subprocess (file descriptor 2), goes to `log.debug` afterwards, as one record naming `what`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    python_side = io.StringIO()
+    with tempfile.TemporaryFile(mode="w+b") as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            with contextlib.redirect_stderr(python_side):
+                yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            text = (caught.read().decode(errors="replace") + python_side.getvalue()).strip()
+            if text:
+                log.debug("while tuning %s, the compiler said (failed candidates are dropped):\n%s", what, text)
 
 
 class TunedKernel:
@@ -32,7 +69,7 @@ class TunedKernel:
                  prune: Callable | None = None, makes_descriptors: Callable[[triton.Config], bool] = lambda c: False):
         self.kernel = kernel
         self.autotuner = triton.autotune(
-            configs=list(configs), key=key,
+            configs=list(configs), key=key, cache_results=True,  # timings kept on disk across processes
             prune_configs_by={"early_config_prune": prune} if prune is not None else None,
         )(kernel)
         self.choices: dict[Hashable, triton.Config] = {}  # tuning key → the autotuner's choice
@@ -59,7 +96,8 @@ class TunedKernel:
         `grid(meta)` gets the launch's meta-parameters (BLOCK_M, ...). Remembered under `plan` unless None."""
         chosen = self.choices.get(tuning_key)
         if chosen is None:
-            self.autotuner[grid](*args, **constexprs)
+            with quiet_tuning(f"{self.kernel.__name__} at {tuning_key}"):
+                self.autotuner[grid](*args, **constexprs)
             self.choices[tuning_key] = self.autotuner.best_config
             return
         meta = chosen.all_kwargs()
