@@ -83,7 +83,7 @@ def drive(config_path: Path) -> None:
     import torch
 
     from tutorial_kernels.ch02_naive_attention import naive_attention
-    from tutorial_kernels.ch04_flash_v1 import flash_attn_v1_with_stats
+    from tutorial_kernels.ch04_flash_v1 import flash_attn_v1_with_lse
     from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 
     configs = json.loads(config_path.read_text())
@@ -98,7 +98,7 @@ def drive(config_path: Path) -> None:
             # with the lse, as the byte model counts it (and as chapter 6's training forward runs)
             run = lambda: flash_attn_v2_with_lse(q, k, v, c["causal"])  # noqa: E731
         else:
-            run = lambda: flash_attn_v1_with_stats(q, k, v, c["causal"], block_m=c["block_m"], block_n=c["block_n"])  # noqa: E731
+            run = lambda: flash_attn_v1_with_lse(q, k, v, c["causal"], block_m=c["block_m"], block_n=c["block_n"])  # noqa: E731
         run()  # compile, outside the profiled range
         torch.cuda.synchronize()
         torch.cuda.profiler.start()

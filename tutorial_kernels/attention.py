@@ -33,7 +33,7 @@ from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, f
 from tutorial_kernels.ch06_backward import flash_attn_backward
 from tutorial_kernels.ch07_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
 from tutorial_kernels.perf.launch_plan import attention_call_key
-from tutorial_kernels.validation import check_attention_inputs
+from tutorial_kernels.validation import check_attention_inputs, check_out
 
 MAX_HEAD_DIM = 256
 MAX_DECISIONS = 4096  # remembered calls (`flash_attention`); forgotten all at once beyond this
@@ -169,17 +169,9 @@ def _checked_scale(q, k, v, causal, sm_scale, out, training: bool) -> float:
             raise RuntimeError("flash_attention(): functions with out=... arguments don't support automatic "
                                "differentiation, but one of the arguments (q, k, v) requires grad; call it "
                                "without out= to train")
-        _check_out(out, q)
+        check_out(out, "out", tuple(q.shape), q, any_dense_layout=True)
     return float(shape.sm_scale)
 # --8<-- [end:flash_attention]
-
-
-def _check_out(out: object, q: torch.Tensor) -> None:
-    if not isinstance(out, torch.Tensor):
-        raise TypeError(f"out must be a torch.Tensor, got {type(out).__name__}")
-    if out.shape != q.shape or out.dtype != q.dtype or out.device != q.device:
-        raise ValueError(f"out must have q's shape {tuple(q.shape)}, dtype {q.dtype} and device {q.device}, "
-                         f"got {tuple(out.shape)} {out.dtype} on {out.device}")
 
 
 # --8<-- [start:sdpa]

@@ -17,7 +17,7 @@ Public functions, with chapter 2's contract (q (B, H, n_q, d), k and v (B, H, n_
 float16/bfloat16/float32, 16 ≤ d ≤ 128, bottom-right causal masks):
 
 * `flash_attn_v1(q, k, v, causal=False, sm_scale=None, *, out=None) -> o`
-* `flash_attn_v1_with_stats(...) -> (o, lse)` also returns the saved row statistic
+* `flash_attn_v1_with_lse(...) -> (o, lse)` also returns the saved row statistic
   lse = m + log ℓ (float32, (B, H, n_q); −∞ for a query that sees no key), what a backward pass keeps.
 * `flash_v1_schedule(...)`: the (K/V tile, Q tile) pairs one program visits, in order.
 
@@ -186,7 +186,7 @@ def _check_block(name: str, value: object) -> int:
 
 
 # --8<-- [start:launch]
-def flash_attn_v1_with_stats(
+def flash_attn_v1_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
     *, out: torch.Tensor | None = None, block_m: int | None = None, block_n: int | None = None,
     num_warps: int | None = None, num_stages: int | None = None, trace: torch.Tensor | None = None,
@@ -230,7 +230,7 @@ def flash_attn_v1(
     *, out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """softmax(scale · Q Kᵀ) V by FlashAttention-1's schedule; chapter 2's contract."""
-    return flash_attn_v1_with_stats(q, k, v, causal, sm_scale, out=out)[0]
+    return flash_attn_v1_with_lse(q, k, v, causal, sm_scale, out=out)[0]
 # --8<-- [end:launch]
 
 
@@ -256,5 +256,5 @@ def theorem2_block_n(sram_bytes: int, head_dim: int, element_size: int) -> int:
     return math.ceil(sram_bytes / element_size / (4 * head_dim))
 
 
-__all__ = ["flash_attn_v1", "flash_attn_v1_with_stats", "default_blocks", "gpu_blocks", "flash_v1_schedule",
+__all__ = ["flash_attn_v1", "flash_attn_v1_with_lse", "default_blocks", "gpu_blocks", "flash_v1_schedule",
            "theorem2_block_n"]

@@ -297,7 +297,7 @@ def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
 
 
 # --8<-- [start:backward_launcher]
-def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *, tuned: bool = True,
+def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *, tuned: bool = False,
                         configs: tuple[triton.Config, triton.Config] | None = None):
     """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp.
 
@@ -368,14 +368,15 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
-    *, tuned: bool = True,
+    *, tuned: bool = False,
 ) -> torch.Tensor:
     """softmax(scale · Q Kᵀ) V, differentiable: trains like `F.scaled_dot_product_attention`.
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H; 16 ≤ d ≤ 256; any strides;
     float16, bfloat16 or float32. Causal masks are bottom-right aligned (chapter 2's convention).
-    tuned=True autotunes the forward and both backward kernels per shape on the GPU (the first call
-    at a new shape pays for the tuning); tuned=False runs the teaching configurations.
+    tuned=False (as in every chapter) runs the teaching configurations; tuned=True autotunes the forward
+    and both backward kernels per shape on the GPU. A model calls `tutorial_kernels.flash_attention`,
+    which chooses for it.
     """
     check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if not isinstance(tuned, bool):

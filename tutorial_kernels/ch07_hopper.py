@@ -426,7 +426,7 @@ def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
 
 
 def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                      sm_scale: float | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+                      sm_scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(sm_scale · Q Kᵀ) V, FA3's schedule on a Hopper GPU (see the module docstring).
 
     q is (B, H, n_q, 128), k and v (B, H_kv, n_k, 128) with H_kv dividing H (grouped-query

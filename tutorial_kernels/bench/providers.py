@@ -63,7 +63,7 @@ PROVIDERS: dict[str, Provider] = {
                                         partial(ch05.flash_attn_v2_tuned, descriptors=False)),
     "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)", ch07_hopper.flash_attn_hopper),
     # differentiable attention (TrainingShape): fn(q, k, v, causal) with autograd
-    "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", ch06.flash_attention,
+    "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", partial(ch06.flash_attention, tuned=True),
                                 config=ch06.tuned_backward_choice),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),

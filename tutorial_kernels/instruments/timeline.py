@@ -108,7 +108,7 @@ def flash_v1_timeline(
     q, k, v = (torch.randn(batch, heads, n, head_dim, generator=gen, device="cuda", dtype=dtype) for _ in range(3))
     ch04.flash_attn_v1(q, k, v, causal)  # compile first: the recorded launch is a warm one
     buffer = recorder.new_trace(batch * heads)
-    ch04.flash_attn_v1_with_stats(q, k, v, causal, trace=buffer)
+    ch04.flash_attn_v1_with_lse(q, k, v, causal, trace=buffer)
     torch.cuda.synchronize()
     sm_count = torch.cuda.get_device_properties(0).multi_processor_count
     config = ch04.default_blocks(head_dim, dtype)

@@ -32,6 +32,7 @@ from tutorial_kernels.ch04_flash_v1 import flash_attn_v1
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_minimal, flash_attn_v2_tuned
 from tutorial_kernels.ch07_hopper import HEAD_DIM as HOPPER_HEAD_DIM
 from tutorial_kernels.ch07_hopper import flash_attn_hopper
+from tutorial_kernels.attention import flash_attention as front_door
 from tutorial_kernels.ch06_backward import flash_attention
 from tutorial_kernels.reference import expand_kv_heads, reference_attention, reference_scores, reference_softmax
 from tutorial_kernels.testing import ALL_KERNEL_DTYPES, HEAD_DIMS, KERNEL_DTYPES, ON_GPU, Case, attention_cases
@@ -182,12 +183,17 @@ IMPLEMENTATIONS = [
                    gpu_only="the Gluon kernel", unavailable=_on_hopper, cases=_hopper_cases,
                    layouts=("bhnd", "bnhd")),
     # chapter 6: differentiable (chapter 5's forward with the log-sum-exp, chapter 6's backward); no out=.
-    # The teaching configurations everywhere, and the default, autotuned call on a few shapes.
-    Implementation("flash_attention_teaching", functools.partial(flash_attention, tuned=False), max_head_dim=256,
+    # The teaching configurations everywhere, and the autotuned call on a few shapes.
+    Implementation("flash_attention_teaching", flash_attention, max_head_dim=256,
                    head_dims=BACKWARD_HEAD_DIMS, gqa=True, out=NO_OUT, differentiable=True,
                    grad_cases=_backward_cases),
-    Implementation("flash_attention", flash_attention, max_head_dim=256, head_dims=BACKWARD_HEAD_DIMS, gqa=True,
-                   out=NO_OUT, differentiable=True, cases=_tuned_cases, grad_cases=_tuned_backward_cases),
+    Implementation("flash_attention_tuned", functools.partial(flash_attention, tuned=True), max_head_dim=256,
+                   head_dims=BACKWARD_HEAD_DIMS, gqa=True, out=NO_OUT, differentiable=True, cases=_tuned_cases,
+                   grad_cases=_tuned_backward_cases),
+    # the front door (tutorial_kernels.flash_attention): whichever kernel it picks, forward and backward
+    Implementation("front_door", front_door, max_head_dim=256, head_dims=BACKWARD_HEAD_DIMS, gqa=True,
+                   out=DENSE_OUT, differentiable=True, cases=_tuned_cases, grad_cases=_tuned_backward_cases,
+                   layouts=("bhnd", "bnhd")),
 ]
 
 __all__ = ["IMPLEMENTATIONS", "Implementation", "NO_OUT", "CONTIGUOUS_OUT", "DENSE_OUT"]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tutorial_kernels.ch04_flash_v1 import (
-    flash_attn_v1_with_stats,
+    flash_attn_v1_with_lse,
     flash_v1_schedule,
     theorem2_block_n,
 )
@@ -45,7 +45,7 @@ LSE_CASES = [(2, 3, 100, 100, 64), (1, 2, 257, 128, 32), (2, 2, 17, 100, 80), (1
 @pytest.mark.parametrize("shape", LSE_CASES, ids=lambda s: "b{}h{}-nq{}-nk{}-d{}".format(*s))
 def test_log_sum_exp_matches_reference(shape, causal, dtype):
     x = random_qkv(*shape, dtype)
-    o, lse = flash_attn_v1_with_stats(x.q, x.k, x.v, causal)
+    o, lse = flash_attn_v1_with_lse(x.q, x.k, x.v, causal)
     assert_close(o, reference_attention(x.q, x.k, x.v, causal), dtype, seed=x.seed)
     assert_lse_close(lse, x.q, x.k, causal, dtype=dtype, seed=x.seed)
 
@@ -53,7 +53,7 @@ def test_log_sum_exp_matches_reference(shape, causal, dtype):
 def test_strides_scale_and_empty_rows():
     # (B, N, H, d) layout, a non-default scale, and n_q > n_k causal: the first 50 queries see no key
     x = random_qkv(2, 3, 90, 40, 48, torch.float16, layout="bnhd")
-    o, lse = flash_attn_v1_with_stats(x.q, x.k, x.v, True, sm_scale=0.2)
+    o, lse = flash_attn_v1_with_lse(x.q, x.k, x.v, True, sm_scale=0.2)
     assert torch.all(o[:, :, :50] == 0), "queries that see no key must output zeros"
     assert_close(o, reference_attention(x.q, x.k, x.v, True, 0.2), torch.float16, seed=x.seed)
     assert_lse_close(lse, x.q, x.k, True, 0.2, dtype=torch.float16, seed=x.seed)
@@ -64,7 +64,7 @@ def test_large_scores_keep_rescaling_exact():
     # float16 inputs: their products are exact in the float32 accumulator (TF32 would round the scores
     # themselves, by more than the lse bound once they are this large)
     x = random_qkv(1, 2, 150, 200, 32, torch.float16)
-    o, lse = flash_attn_v1_with_stats(x.q, x.k, x.v, False, sm_scale=30.0)
+    o, lse = flash_attn_v1_with_lse(x.q, x.k, x.v, False, sm_scale=30.0)
     assert_close(o, reference_attention(x.q, x.k, x.v, False, 30.0), torch.float16, seed=x.seed)
     assert_lse_close(lse, x.q, x.k, False, 30.0, dtype=torch.float16, seed=x.seed)
 
@@ -80,7 +80,7 @@ def test_any_tile_sizes(block_m, block_n, causal):
     # n_q ≠ n_k, neither a multiple of a tile; with (128, 32) all of Q is one tile (T_r = 1), so every
     # outer step rereads the O_i, ℓ_i, m_i it has just written
     x = random_qkv(1, 2, 75, 130, 64, torch.float32)
-    o, lse = flash_attn_v1_with_stats(x.q, x.k, x.v, causal, block_m=block_m, block_n=block_n)
+    o, lse = flash_attn_v1_with_lse(x.q, x.k, x.v, causal, block_m=block_m, block_n=block_n)
     assert_close(o, reference_attention(x.q, x.k, x.v, causal), torch.float32, seed=x.seed)
     assert_lse_close(lse, x.q, x.k, causal, dtype=torch.float32, seed=x.seed)
 
@@ -89,11 +89,11 @@ def test_rejects_bad_tile_sizes():
     # the arguments every implementation takes are checked by test_conformance.py; these are chapter 4's own
     x = random_qkv(1, 1, 8, 8, 16, torch.float32)
     with pytest.raises(ValueError, match=r"block_n must be a power of two between 16 and 256, got 48"):
-        flash_attn_v1_with_stats(x.q, x.k, x.v, block_n=48)
+        flash_attn_v1_with_lse(x.q, x.k, x.v, block_n=48)
     with pytest.raises(ValueError, match=r"block_m must be a power of two between 16 and 256, got 512"):
-        flash_attn_v1_with_stats(x.q, x.k, x.v, block_m=512)
+        flash_attn_v1_with_lse(x.q, x.k, x.v, block_m=512)
     with pytest.raises(ValueError, match=r"block_m must be a power of two between 16 and 256, got True"):
-        flash_attn_v1_with_stats(x.q, x.k, x.v, block_m=True)
+        flash_attn_v1_with_lse(x.q, x.k, x.v, block_m=True)
 
 
 # --- the byte count of the IO model ---------------------------------------------------------------

@@ -64,12 +64,12 @@ def test_timeline_says_why_it_cannot_run_here():
 
 
 def test_a_trace_buffer_is_checked_before_a_launch():
-    from tutorial_kernels.ch04_flash_v1 import flash_attn_v1_with_stats
+    from tutorial_kernels.ch04_flash_v1 import flash_attn_v1_with_lse
     from tutorial_kernels.ch05_flash_v2 import flash_attn_v2
     from tutorial_kernels.testing import random_qkv
 
     x = random_qkv(1, 2, 40, 40, 32, torch.float32)
-    for call in (lambda t: flash_attn_v2(x.q, x.k, x.v, trace=t), lambda t: flash_attn_v1_with_stats(x.q, x.k, x.v, trace=t)):
+    for call in (lambda t: flash_attn_v2(x.q, x.k, x.v, trace=t), lambda t: flash_attn_v1_with_lse(x.q, x.k, x.v, trace=t)):
         if ON_GPU:
             with pytest.raises(ValueError, match=r"trace must be new_trace\(2\)"):
                 call(torch.zeros(1, 3, dtype=torch.int64, device=x.q.device))  # one row short: would be overrun
