@@ -93,7 +93,7 @@ class Diagram:
                                               name=label.split("<br>")[0]), **where)
 
     def finish(self) -> go.Figure:
-        for _, region, where in sorted(self.regions, key=lambda r: -r[0]):
+        for _, region, where in sorted(self.regions, key=lambda r: r[0]):
             self.fig.add_trace(region, **where)
         return self.fig
 
@@ -112,7 +112,7 @@ def fixed_axes(fig: go.Figure, x=(0, 100), y=(0, 100)) -> None:
     fig.update_yaxes(range=list(y), fixedrange=True)
 
 
-SIDE_MARGIN = dict(l=12, r=12)  # a diagram has no tick labels to make room for
+SIDE_MARGIN = dict(l=12, r=24)  # a diagram has no tick labels to make room for
 
 
 def narrow_diagram(fig: go.Figure, ticks: bool = False, **more) -> None:
@@ -302,7 +302,7 @@ def score_tiles(n_q: int = 768, n_k: int = 1024, block_m: int = 128, block_n: in
         f"Program {program} owns row band {program} (its Q tile) and computes one tile S_ij = Q_i K_jᵀ / √d per step "
         "j, loading K_j and V_j; the tiles before the current step were folded into the output and dropped, so "
         "only one tile of S exists at a time. A slider steps j."), height=580, above=38)
-    fig.update_layout(margin=dict(b=110, l=12, r=12))
+    fig.update_layout(margin=dict(b=110, l=12, r=24))
     fig.update_xaxes(side="top", showticklabels=True, tickvals=list(range(tk)), title=dict(
         text=f"K/V tile j ({block_n} keys each)", font=dict(size=SIZES["axis_title"])))
     fig.update_yaxes(showticklabels=True, tickvals=list(range(tq)), title=dict(
@@ -490,6 +490,11 @@ def _edges(n: int, block: int) -> list[int]:
     return [*range(0, n, block), n]
 
 
+def _ticks(n: int, block: int, every: int = 1) -> list[int]:
+    """Tick values at every `every`-th tile edge and at n, none crowding n (a ragged last tile)."""
+    return [t for t in range(0, n, block * every) if n - t >= block * every * 0.6] + [n]
+
+
 def _span(start: int, block: int, n: int) -> str:
     return f"{start}–{min(start + block, n) - 1}"
 
@@ -552,8 +557,8 @@ def causal_tile_map(pairs: list[tuple[int, int]] = CAUSAL_PAIRS, block_m: int = 
         visible[per_pair * k:per_pair * k + per_pair] = [True] * per_pair
         buttons.append(dict(method="update", label=f"N<sub>q</sub> × N<sub>k</sub> = {n_q} × {n_k}", args=[
             {"visible": visible},
-            {"xaxis.range": [0, n_k], "yaxis.range": [n_q, 0], "xaxis.tickvals": _edges(n_k, block_n)[::2] + [n_k],
-             "yaxis.tickvals": _edges(n_q, block_m)}]))
+            {"xaxis.range": [0, n_k], "yaxis.range": [n_q, 0], "xaxis.tickvals": _ticks(n_k, block_n, 2),
+             "yaxis.tickvals": _ticks(n_q, block_m)}]))
     for name, colour in zip(["stage 1: no mask", "stage 2: masked", "never visited"], [UNMASKED, MASKED, SKIPPED]):
         fig.add_trace(legend_entry(name, colour))
     n_q, n_k = pairs[0]
@@ -570,9 +575,9 @@ def causal_tile_map(pairs: list[tuple[int, int]] = CAUSAL_PAIRS, block_m: int = 
         "across. Tiles wholly under the diagonal run in stage 1 without a mask, tiles the diagonal crosses (or that "
         "run past the last key) run in stage 2 with the mask, and tiles wholly above it are never visited. Buttons "
         "switch between square and non-square lengths, some not multiples of the tile."), height=580, above=40)
-    fig.update_xaxes(showticklabels=True, range=[0, n_k], tickvals=_edges(n_k, block_n)[::2] + [n_k],
+    fig.update_xaxes(showticklabels=True, range=[0, n_k], tickvals=_ticks(n_k, block_n, 2),
                      title=dict(text="key j", font=dict(size=SIZES["axis_title"])))
-    fig.update_yaxes(showticklabels=True, range=[n_q, 0], tickvals=_edges(n_q, block_m),
+    fig.update_yaxes(showticklabels=True, range=[n_q, 0], tickvals=_ticks(n_q, block_m),
                      title=dict(text="query i", font=dict(size=SIZES["axis_title"])))
     return fig
 
@@ -617,8 +622,8 @@ def backward_traversals(n: int = 256, block_m: int = 32, block_n: int = 64) -> g
             about.append(line)
         fig.add_trace(tile_map_trace(n, n, block_m, block_n, stages=stages, text=step, about=about,
                                      name="dK/dV steps" if kernel == "dkdv" else "dQ steps"), row=1, col=col)
-        fig.update_xaxes(range=[0, n], tickvals=_edges(n, block_n), row=1, col=col)
-        fig.update_yaxes(range=[n, 0], tickvals=_edges(n, block_m)[::2] + [n], row=1, col=col)
+        fig.update_xaxes(range=[0, n], tickvals=_ticks(n, block_n), row=1, col=col)
+        fig.update_yaxes(range=[n, 0], tickvals=_ticks(n, block_m, 2), row=1, col=col)
     for name, colour in zip(["no mask", "masked", "skipped"], [UNMASKED, MASKED, SKIPPED]):
         fig.add_trace(legend_entry(name, colour))
     fig.update_layout(plot_bgcolor=GRID)
