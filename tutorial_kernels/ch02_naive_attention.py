@@ -25,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import causal_mask
 from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import check_attention_inputs, check_out, check_triton_tensor
@@ -58,6 +59,7 @@ def _scores_kernel(
     n_heads, n_q, n_k, head_dim, sm_scale,
     CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program computes one BLOCK_M × BLOCK_N tile of S = scale · Q Kᵀ for one (batch, head)."""
     pid_m = tl.program_id(0)
@@ -84,7 +86,7 @@ def _scores_kernel(
         other=0.0,
     )  # (BLOCK_D, BLOCK_N)
 
-    s = tl.dot(q, k_t) * sm_scale  # S_ij = scale · q_i · k_j, accumulated in float32
+    s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * sm_scale  # S_ij = scale · q_i · k_j, accumulated in float32
     if CAUSAL:
         # bottom-right alignment: key j is visible to query i when j ≤ i + (n_k − n_q)
         visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)
@@ -150,6 +152,7 @@ def _pv_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, n_q, n_k, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program computes BLOCK_M full rows of O = P V, walking the key axis in BLOCK_N steps."""
     pid_m = tl.program_id(0)
@@ -172,7 +175,7 @@ def _pv_kernel(
             mask=(cols[:, None] < n_k) & (offs_d[None, :] < head_dim),
             other=0.0,
         )  # (BLOCK_N, BLOCK_D)
-        acc = tl.dot(p, v, acc)  # O_i += P_ij V_j, float32 accumulator
+        acc = tl.dot(p, v, acc, input_precision=DOT_PRECISION)  # O_i += P_ij V_j, float32 accumulator
 
     o_head_ptr = o_ptr + batch * stride_ob + head * stride_oh
     tl.store(
@@ -206,6 +209,7 @@ def attention_scores(
         *q.stride(), *k.stride(),
         H, n_q, n_k, d, shape.sm_scale,
         CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d),
+        DOT_PRECISION=dot_precision(q.dtype),
     )
     return s
 
@@ -248,7 +252,7 @@ def probs_times_values(
         p, v, o,
         *v.stride(), *o.stride(),
         H, n_q, n_k, d,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d),
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d), DOT_PRECISION=dot_precision(v.dtype),
     )
     return o
 # --8<-- [end:stages]

@@ -32,6 +32,7 @@ import triton.language as tl
 from tutorial_kernels.ch02_naive_attention import row_softmax as three_pass_softmax
 from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import SUPPORTED_DTYPES, check_attention_inputs, check_out, check_triton_tensor
 
@@ -251,6 +252,7 @@ def _online_attention_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, n_q, n_k, head_dim, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """BLOCK_M queries attend to all keys; S and P live in registers, one BLOCK_N tile at a time."""
     pid_m = tl.program_id(0)
@@ -277,7 +279,7 @@ def _online_attention_kernel(
             k_head + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn,
             mask=(offs_d[:, None] < head_dim) & (cols[None, :] < n_k), other=0.0,
         )  # (BLOCK_D, BLOCK_N)
-        s = tl.dot(q, k_t) * sm_scale  # one tile of S, never stored
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * sm_scale  # one tile of S, never stored
         visible = cols[None, :] < n_k
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))  # bottom-right aligned
@@ -293,7 +295,7 @@ def _online_attention_kernel(
             mask=(cols[:, None] < n_k) & (offs_d[None, :] < head_dim), other=0.0,
         )  # (BLOCK_N, BLOCK_D)
         acc = acc * alpha[:, None]  # O ← O·α  (rescale what was summed under the old max)
-        acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P_tile V_tile
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # O ← O + P_tile V_tile
         m_i = m_new
 
     out = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # O = o_T / l_T; a query with no key keeps 0
@@ -322,7 +324,7 @@ def online_softmax_attention(
         q, k, v, o,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.n_q, shape.n_k, shape.head_dim, shape.sm_scale,
-        CAUSAL=causal, BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d,
+        CAUSAL=causal, BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
     )
     return o
 

@@ -34,6 +34,7 @@ import triton.language as tl
 
 from tutorial_kernels import recorder
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.tiling import causal_query_stages, head_dim_block, query_stages
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
@@ -58,6 +59,7 @@ def _flash_v1_kernel(
     n_heads, n_q, n_k, head_dim, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     TRACE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """Algorithm 1 for one (batch, head): K/V tiles outside, Q tiles inside, O, ℓ, m in HBM."""
     if TRACE:
@@ -106,7 +108,7 @@ def _flash_v1_kernel(
             l_i = tl.load(l_head + rows, mask=row_ok, other=0.0)
             m_i = tl.load(m_head + rows, mask=row_ok, other=float("-inf"))
 
-            s = tl.dot(q, k_t) * sm_scale  # line 9: S_ij = τ Q_i K_jᵀ, on chip only
+            s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * sm_scale  # line 9: S_ij = τ Q_i K_jᵀ, on chip only
             visible = cols[None, :] < n_k
             if CAUSAL:
                 visible = visible & (cols[None, :] <= rows[:, None] + (n_k - n_q))  # bottom-right aligned
@@ -122,7 +124,7 @@ def _flash_v1_kernel(
             beta = tl.exp(m_tile - shift)  # e^{m̃_ij − m_new}: brings this tile to the new max
             l_new = alpha * l_i + beta * l_tile  # line 11: ℓ_new = e^{m_i − m_new} ℓ_i + e^{m̃ − m_new} ℓ̃
 
-            pv = tl.dot(p.to(v.dtype), v)  # P̃_ij V_j, float32 accumulation
+            pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)  # P̃_ij V_j, float32 accumulation
             o_i = (l_i * alpha)[:, None] * o_i + beta[:, None] * pv  # diag(ℓ_i) e^{m_i − m_new} O_i + e^{…} P̃ V
             o_i = o_i / tl.where(l_new > 0.0, l_new, 1.0)[:, None]  # line 12: × diag(ℓ_new)⁻¹ (0 stays 0)
 
@@ -219,7 +221,7 @@ def flash_attn_v1_with_lse(
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         H, n_q, n_k, d, shape.sm_scale,
         CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=head_dim_block(d),
-        TRACE=trace is not None,
+        TRACE=trace is not None, DOT_PRECISION=dot_precision(q.dtype),
         num_warps=num_warps or config["num_warps"], num_stages=num_stages or config["num_stages"],
     )
     return o, lse

@@ -31,6 +31,7 @@ from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, from_log2_units, head_dim_block, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs, check_out
@@ -47,6 +48,7 @@ def _flash_v2_minimal_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, group_size, n_q, n_k, head_dim, qk_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program: rows [pid_m·BLOCK_M, +BLOCK_M) of the queries of one (batch, head), against every
     key they may see. BLOCK_D is head_dim rounded up to a power of two; the extra columns load as 0."""
@@ -75,7 +77,7 @@ def _flash_v2_minimal_kernel(
         cols = start_n + offs_n
         k_t = tl.load(k_head + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                       mask=(cols[None, :] < n_k) & d_ok[:, None], other=0.0)  # K_jᵀ
-        s = tl.dot(q, k_t) * qk_scale  # S = τ·log₂e · Q_i K_jᵀ: scores in log₂ units
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale  # S = τ·log₂e · Q_i K_jᵀ, log₂ units
         visible = cols[None, :] < n_k  # the ragged last tile
         if CAUSAL:
             visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))
@@ -88,7 +90,7 @@ def _flash_v2_minimal_kernel(
         v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                     mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)  # V_j
         acc = acc * alpha[:, None]  # O_i ← diag(α) O_i
-        acc = tl.dot(p.to(v.dtype), v, acc)  # O_i ← O_i + P̃ V_j, on the tensor cores
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # O_i ← O_i + P̃ V_j, on the tensor cores
         m_i = m_new
 
     o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]  # O_i ← diag(ℓ_i)⁻¹ O_i, once; ℓ_i = 0: no key, O_i = 0
@@ -118,7 +120,7 @@ def flash_attn_v2_minimal(
         q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim,
         shape.sm_scale * LOG2_E,  # fold log₂e into the scale: e^{τs} = 2^{τ·log₂e·s}
-        CAUSAL=causal, BLOCK_D=head_dim_block(shape.head_dim), **config)
+        CAUSAL=causal, BLOCK_D=head_dim_block(shape.head_dim), DOT_PRECISION=dot_precision(q.dtype), **config)
     return o
 # --8<-- [end:minimal_launcher]
 
@@ -151,7 +153,7 @@ def _attend_to_key_tiles(
     offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale,
     lo, hi,
     MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr,
+    EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, USE_DESCRIPTORS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Fold key tiles [lo, hi) into the running (acc, l, m) of one query tile.
 
@@ -179,11 +181,11 @@ def _attend_to_key_tiles(
         else:
             k_t = _load_kv_tile(k_src + offs_d[:, None] * stride_kd + cols[None, :] * stride_kn,
                                 cols[None, :] < n_k, d_ok[:, None], MASKED, EVEN_D)
-        s = tl.dot(q, k_t)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
+        s = tl.dot(q, k_t, input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N) raw scores q·k, float32
         if SPLIT_D:  # the head dimension's second block adds its share of every q·k
             k_tail_t = _load_kv_tile(k_src + offs_dt[:, None] * stride_kd + cols[None, :] * stride_kn,
                                      cols[None, :] < n_k, None, MASKED, True)
-            s = tl.dot(q_tail, k_tail_t, s)
+            s = tl.dot(q_tail, k_tail_t, s, input_precision=DOT_PRECISION)
 
         if MASKED:
             visible = cols[None, :] < n_k  # the ragged end of the keys
@@ -208,11 +210,11 @@ def _attend_to_key_tiles(
             v = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
                               cols[:, None] < n_k, d_ok[None, :], MASKED, EVEN_D)
         acc = acc * alpha[:, None]  # O ← diag(α) O
-        acc = tl.dot(p.to(v.dtype), v, acc)  # O ← O + P̃ V
+        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # O ← O + P̃ V
         if SPLIT_D:
             v_tail = _load_kv_tile(v_src + cols[:, None] * stride_vn + offs_dt[None, :] * stride_vd,
                                    cols[:, None] < n_k, None, MASKED, True)
-            acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None])
+            acc_tail = tl.dot(p.to(v_tail.dtype), v_tail, acc_tail * alpha[:, None], input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, acc_tail, l_i, m_i
 # --8<-- [end:inner_loop]
@@ -229,7 +231,8 @@ def _flash_v2_fwd_kernel(
     n_heads, group_size, n_q, n_k, head_dim, qk_scale, length_bucket, load_choice,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     EVEN_D: tl.constexpr, SPLIT_D: tl.constexpr, BLOCK_DT: tl.constexpr,
-    USE_DESCRIPTORS: tl.constexpr, WRITE_LSE: tl.constexpr, TRACE: tl.constexpr = False,
+    USE_DESCRIPTORS: tl.constexpr, WRITE_LSE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    TRACE: tl.constexpr = False,
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head), against all the keys it may see.
 
@@ -291,14 +294,14 @@ def _flash_v2_fwd_kernel(
         acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
         MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D,
-        USE_DESCRIPTORS=USE_DESCRIPTORS,
+        USE_DESCRIPTORS=USE_DESCRIPTORS, DOT_PRECISION=DOT_PRECISION,
     )
     # Stage 2: the tiles on the causal diagonal and the ragged end of the keys — masked.
     acc, acc_tail, l_i, m_i = _attend_to_key_tiles(
         acc, acc_tail, l_i, m_i, q, q_tail, k_src, v_src, kv_row0, stride_kn, stride_kd, stride_vn, stride_vd,
         offs_m, offs_d, offs_dt, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
         MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, EVEN_D=EVEN_D, SPLIT_D=SPLIT_D,
-        USE_DESCRIPTORS=USE_DESCRIPTORS,
+        USE_DESCRIPTORS=USE_DESCRIPTORS, DOT_PRECISION=DOT_PRECISION,
     )
 
     # Epilogue: one division per row (FlashAttention-2 defers it to here), and the log-sum-exp.
@@ -397,6 +400,7 @@ def _prepare(q, k, v, causal, sm_scale, out, *, with_lse: bool, tuned: bool, des
         EVEN_D=block_d <= shape.head_dim,  # the first block has no column past head_dim: no mask along d
         SPLIT_D=block_dt > 0, BLOCK_DT=max(block_dt, 16),  # 16: the placeholder's width when not split
         WRITE_LSE=with_lse, TRACE=trace is not None,
+        DOT_PRECISION=dot_precision(q.dtype),  # float32 products as torch's matmul setting says
     )
     grid = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
     # the autotuner's key: its `key` arguments (length_bucket, head_dim, CAUSAL, BLOCK_D, load_choice),
@@ -471,7 +475,8 @@ TUNED = TunedKernel(
 def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors: bool | None = None):
     # A call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
-    plan = attention_call_key(q, k, v, out, causal, sm_scale, with_lse) if descriptors is None else None
+    plan = (attention_call_key(q, k, v, out, causal, sm_scale, with_lse, dot_precision(q.dtype))
+            if descriptors is None else None)
     if plan in TUNED.plans:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
         lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device) if with_lse else None

@@ -35,6 +35,7 @@ import triton.language as tl
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, causal_key_stages, causal_query_stages, head_dim_block, to_log2_units, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs
@@ -73,7 +74,7 @@ def _dkdv_from_query_tiles(
     q_src, do_src, lse_src, delta_src, stride_qm, stride_qd, stride_dom, stride_dod,
     offs_n, offs_d, n_q, n_k, head_dim, qk_scale,
     lo, hi,
-    MASKED: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, BLOCK_M: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Add the query tiles [lo, hi) of one query head to the (dK, dV) of one key tile.
 
@@ -96,15 +97,15 @@ def _dkdv_from_query_tiles(
         lse2 = tl.where(lse == float("-inf"), float("inf"), to_log2_units(lse))
         delta = tl.load(delta_src + offs_m, mask=m_ok, other=0.0)
 
-        s_t = tl.dot(k, q_t)  # Sᵀ = K_j Qᵢᵀ, (BLOCK_N, BLOCK_M) raw scores, float32
+        s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)  # Sᵀ = K_j Qᵢᵀ, (BLOCK_N, BLOCK_M), float32
         p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τSᵀ − lse}, recomputed
         if MASKED:
             visible = offs_n[:, None] <= offs_m[None, :] + (n_k - n_q)  # bottom-right causal
             p_t = tl.where(visible, p_t, 0.0)
-        dv = tl.dot(p_t.to(do.dtype), do, dv)  # dV_j ← dV_j + Pᵀ dOᵢ
-        dp_t = tl.dot(v, tl.trans(do))  # dPᵀ = V_j dOᵢᵀ, float32
+        dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV_j ← dV_j + Pᵀ dOᵢ
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dPᵀ = V_j dOᵢᵀ, float32
         ds_t = p_t * (dp_t - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ − Δ); 0 wherever P is 0
-        dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk)  # dK_j ← dK_j + dSᵀ Qᵢ  (τ applied at the end)
+        dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=DOT_PRECISION)  # dK_j ← dK_j + dSᵀ Qᵢ (τ: later)
     return dk, dv
 # --8<-- [end:dkdv_inner]
 
@@ -121,6 +122,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program: one BLOCK_N tile of keys of one (batch, key/value head), against every query of
     every query head in its group that can see it."""
@@ -163,13 +165,13 @@ def _attn_bwd_dkdv_kernel(
         dk, dv = _dkdv_from_query_tiles(
             dk, dv, k, v, q_src, do_src, lse_src, delta_src, stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, offs_d, n_q, n_k, head_dim, qk_scale, masked_start, masked_end,
-            MASKED=True, BLOCK_M=BLOCK_M,
+            MASKED=True, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
         )
         # the query tiles that see the whole key tile (all of them when not causal) — no mask
         dk, dv = _dkdv_from_query_tiles(
             dk, dv, k, v, q_src, do_src, lse_src, delta_src, stride_qm, stride_qd, stride_dom, stride_dod,
             offs_n, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_start, n_q,
-            MASKED=False, BLOCK_M=BLOCK_M,
+            MASKED=False, BLOCK_M=BLOCK_M, DOT_PRECISION=DOT_PRECISION,
         )
 
     dk = dk * sm_scale  # dK = τ dSᵀ Q
@@ -187,7 +189,7 @@ def _dq_from_key_tiles(
     k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
     lo, hi,
-    MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """Add the key tiles [lo, hi) to dQ_i. Keys past n_k load K = V = 0: their dS·K adds 0."""
     d_ok = offs_d < head_dim
@@ -196,14 +198,14 @@ def _dq_from_key_tiles(
         kv_mask = (offs_n[:, None] < n_k) & d_ok[None, :]
         k = tl.load(k_src + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_src + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        s = tl.dot(q, tl.trans(k))  # (BLOCK_M, BLOCK_N)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}
         if MASKED:
             visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
             p = tl.where(visible, p, 0.0)
-        dp = tl.dot(do, tl.trans(v))  # dP = dO_i V_jᵀ
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO_i V_jᵀ
         ds = p * (dp - delta[:, None])  # dS = P ∘ (dP − Δ)
-        dq = tl.dot(ds.to(k.dtype), k, dq)  # dQ_i ← dQ_i + dS K_j  (τ applied at the end)
+        dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # dQ_i ← dQ_i + dS K_j  (τ: at the end)
     return dq
 
 
@@ -217,6 +219,7 @@ def _attn_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head); the only writer of its dQ rows."""
     pid_m = tl.program_id(0)
@@ -248,10 +251,10 @@ def _attn_bwd_dq_kernel(
         masked_end = n_k
     dq = _dq_from_key_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                             offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
-                            MASKED=False, BLOCK_N=BLOCK_N)
+                            MASKED=False, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     dq = _dq_from_key_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                             offs_m, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
-                            MASKED=True, BLOCK_N=BLOCK_N)
+                            MASKED=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     dq = dq * sm_scale  # dQ = τ dS K
     tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
@@ -329,16 +332,18 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *common)
     grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
     grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
+    precision = dot_precision(q.dtype)  # float32 products as torch's matmul setting says
     if tuned:
         # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
         tuning_key = (length_bucket, shape.head_dim, causal, block_d, q.dtype)
-        TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d)
-        TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, CAUSAL=causal, BLOCK_D=block_d)
+        TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
+        TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
     else:
         teaching = _backward_config(shape.head_dim)
         dkdv_config, dq_config = (teaching, teaching) if configs is None else (c.all_kwargs() for c in configs)
-        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, **dkdv_config)
-        _attn_bwd_dq_kernel[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d, **dq_config)
+        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision,
+                                      **dkdv_config)
+        _attn_bwd_dq_kernel[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision, **dq_config)
     return dq, dk, dv
 # --8<-- [end:backward_launcher]
 

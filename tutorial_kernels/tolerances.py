@@ -6,18 +6,27 @@ from __future__ import annotations
 
 import torch
 
+from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.runtime import interpreter_active
+
+
+def _full_float32() -> bool:
+    """Whether float32 products are computed in float32: always in the interpreter (NumPy), on a GPU
+    as PyTorch's float32 matmul precision says."""
+    return interpreter_active() or dot_precision(torch.float32) == "ieee"
 
 
 def tolerance(dtype: torch.dtype) -> float:
     """Bound on ‖out − ref‖ / ‖ref‖ for one attention output in `dtype`.
 
-    float32 is exact to ~1e-6 in the interpreter, but on a GPU `tl.dot` rounds float32 operands to
-    TF32 (10-bit mantissa, error ~1e-3); float16 keeps 10 mantissa bits (unit roundoff 4.9e-4) and
-    bfloat16 7 bits (3.9e-3), and S and P are rounded to that dtype once each.
+    float32 is exact to ~1e-6 in the interpreter, and on a GPU under PyTorch's default float32 matmul
+    precision ("highest"), where the kernels multiply in full float32 (`precision.dot_precision`);
+    under "high" or "medium" `tl.dot` rounds float32 operands to TF32 (10-bit mantissa, error ~1e-3).
+    float16 keeps 10 mantissa bits (unit roundoff 4.9e-4) and bfloat16 7 bits (3.9e-3), and S and P
+    are rounded to that dtype once each.
     """
     if dtype == torch.float32:
-        return 1e-5 if interpreter_active() else 5e-3
+        return 1e-5 if _full_float32() else 5e-3
     if dtype == torch.float16:
         return 3e-3
     if dtype == torch.bfloat16:
@@ -29,9 +38,9 @@ def grad_tolerance(dtype: torch.dtype) -> float:
     """Bound on ‖grad − ref‖ / ‖ref‖. Looser than the forward's: P, dS and dO are each rounded to the
     input dtype before a matrix product, and dK sums n_q such products (tf32 for float32 on a GPU)."""
     if dtype == torch.float32:
-        # a GPU's tl.dot rounds float32 operands to TF32 (10 mantissa bits) — the inputs too, unlike
-        # float16 inputs, which are already exact — so float32 on a GPU gets twice float16's bound
-        return 1e-5 if interpreter_active() else 2e-2
+        # with TF32 a GPU's tl.dot rounds float32 operands to 10 mantissa bits — the inputs too, unlike
+        # float16 inputs, which are already exact — so float32 in TF32 gets twice float16's bound
+        return 1e-5 if _full_float32() else 2e-2
     if dtype == torch.float16:
         return 1e-2
     if dtype == torch.bfloat16:
