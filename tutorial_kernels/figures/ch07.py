@@ -20,7 +20,7 @@ from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.style import (
     HOPPER_VARIANT_COLOURS, LENGTH_COLOURS, WAVE_COLOURS, add_notes, concept_layout, measured_layout, provider_colour, set_narrow,
-    shade)
+    shade, wrap)
 
 HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"]  # in the Hopper probe's figure
 
@@ -86,6 +86,12 @@ LOADER_COLOUR = "#7f7f7f"
 WARPGROUP_COLOURS = ["#1f77b4", "#ff7f0e"]
 KV_TILE_BYTES = 2 * BLOCK_N * HEAD_DIM * 2  # K and V tiles of 16-bit elements: what `expect` waits for
 Q_TILE_BYTES = 2 * ROWS_PER_WARPGROUP * HEAD_DIM * 2  # both halves of a 128-row Q tile
+HOVER_WIDTH = 44  # characters a hover line may show and still fit a phone's figure (~358 px at 12 px)
+
+
+def hover(text: str) -> str:
+    """Hover text wrapped to fit a phone (a label wider than the figure is cut off there)."""
+    return wrap(text, HOVER_WIDTH)
 
 
 def work_items(n_q: int, n_k: int, n_bh: int, section: int, n_heads: int, group_size: int, causal: bool,
@@ -213,7 +219,7 @@ def _boxes(fig: go.Figure, row_label: str, spans: list[tuple[float, float]], lab
     """Boxes on one row of a diagram: horizontal bars from start to end, labelled inside, explained on hover."""
     fig.add_trace(go.Bar(
         orientation="h", y=[row_label] * len(spans), base=[s for s, _ in spans], x=[e - s for s, e in spans],
-        text=labels, textposition="inside", insidetextanchor="middle", textangle=0, hovertext=hovers,
+        text=labels, textposition="inside", insidetextanchor="middle", textangle=0, hovertext=[hover(h) for h in hovers],
         hoverinfo="text", marker=dict(color=colour, line=dict(color="white", width=1)), name=name,
         legendgroup=name, showlegend=showlegend), **where)
 
@@ -334,25 +340,36 @@ def mbarrier_ring(n_tiles: int = 3 * STAGES) -> go.Figure:
         loader_phase = (lap + 1) & 1  # _load_kv_tile: wait(empty_bars[stage], ((loaded // stages) + 1) & 1, pred=…)
         loader = (f"waits on empty[{stage}] for phase {loader_phase}: both consumers released tile {t - STAGES}"
                   if t >= STAGES else f"stage {stage} never used yet: no wait (pred = False)")
-        _boxes(fig, f"stage {stage}", [(t + 0.05, t + 0.95)], [f"tile {t}<br>phase {consumer_phase}"],
+        # the box's label is an annotation, not the bar's text: a phone's narrower boxes take a shorter one
+        _boxes(fig, f"stage {stage}", [(t + 0.05, t + 0.95)], [""],
                [f"K/V tile {t} → stage {stage} (round {lap} of the ring)<br>loader: {loader};<br>"
                 f"then expect({KV_TILE_BYTES // 1024} KiB) on full[{stage}] and two TMA copies<br>"
                 f"consumers: wait on full[{stage}] for phase {consumer_phase} (the bytes have arrived);<br>"
                 f"each arrives on empty[{stage}] (count 2) once its P̃<sub>{t}</sub>V<sub>{t}</sub> is done"],
                [WARPGROUP_COLOURS[0], shade(WARPGROUP_COLOURS[0], 0.45)][consumer_phase], f"phase {consumer_phase}",
                showlegend=t in (0, STAGES))
+    narrow = {}
+    for t in range(n_tiles):
+        phase = (t // STAGES) & 1
+        narrow[f"annotations[{len(fig.layout.annotations)}].text"] = f"tile<br>{t}"
+        fig.add_annotation(x=t + 0.5, y=f"stage {t % STAGES}", xref="x", yref="y", showarrow=False,
+                           text=f"tile {t}<br>phase {phase}", font=dict(size=12, color=("white", "#2a3f5f")[phase]))
+    # each round's phase above its tiles, in the margin: one line on a laptop, two on a phone
     for lap in range(-(-n_tiles // STAGES)):
-        fig.add_annotation(x=lap * STAGES + STAGES / 2, y=STAGES - 0.35, yref="y", showarrow=False,
-                           text=f"round {lap}: full phase {lap & 1}", font=dict(size=12, color="#5a6372"))
-    fig.update_layout(barmode="overlay", bargap=0.15, uniformtext=dict(minsize=9, mode="hide"))
+        narrow[f"annotations[{len(fig.layout.annotations)}].text"] = f"round {lap}:<br>full phase {lap & 1}"
+        fig.add_annotation(x=lap * STAGES + STAGES / 2, y=1, xref="x", yref="paper", yanchor="bottom", yshift=4,
+                           showarrow=False, text=f"round {lap}: full phase {lap & 1}",
+                           font=dict(size=12, color="#5a6372"))
+    fig.update_layout(barmode="overlay", bargap=0.15)
     concept_layout(
         fig, f"The ring: K/V tile t goes to stage t mod {STAGES}, and the phase bit flips every round",
         f"A grid of {n_tiles} K/V tiles on {STAGES} rows, one per shared-memory stage: tile t sits in stage t mod "
         f"{STAGES}. Tiles 0 to {STAGES - 1} are waited for on their full barriers with phase 0, the next "
         f"{STAGES} with phase 1, then phase 0 again. The loader waits on a stage's empty barrier before "
-        "refilling it, from the second round on.", height=360)
+        "refilling it, from the second round on.", height=380, above=24)
     fig.update_yaxes(showticklabels=True, categoryorder="array",
                      categoryarray=[f"stage {s}" for s in range(STAGES)][::-1], automargin=True)
+    set_narrow(fig, **narrow, **{"margin.t": fig.layout.margin.t + 16, "+height": 16})
     add_notes(fig, "Each barrier counts arrivals and flips its phase when the count is complete: full[s] after one "
                    f"arrival and {KV_TILE_BYTES // 1024} KiB of TMA bytes, empty[s] after two arrivals (both consumer "
                    "warpgroups). Waiting for the phase of this round, not a count, lets one barrier serve every round.")
@@ -383,8 +400,8 @@ def persistent_dealing(n: int = 1024, heads: int = 3, programs: int = 5) -> go.F
                 ys.append(f"program {p}")
                 colours.append(LENGTH_COLOURS[min(len(LENGTH_COLOURS) - 1,
                                                   (n_tiles - 1) * len(LENGTH_COLOURS) // longest)])
-                hovers.append(f"item {w} (deal {deal}, {'backwards' if backwards and deal % 2 else 'forwards'}): "
-                              f"head {head}, query rows {first_row}–{first_row + 127}, {n_tiles} key tiles")
+                hovers.append(hover(f"item {w} (deal {deal}, {'backwards' if backwards and deal % 2 else 'forwards'}): "
+                                    f"head {head}, query rows {first_row}–{first_row + 127}, {n_tiles} key tiles"))
             fig.add_trace(go.Bar(orientation="h", y=ys, base=[s for s, _ in spans], x=[e - s for s, e in spans],
                                  text=labels, textposition="inside", insidetextanchor="middle", textangle=0,
                                  hovertext=hovers, hoverinfo="text", showlegend=False,
@@ -428,21 +445,29 @@ def hopper_program() -> go.Figure:
         start = 0
         for name, size, colour in parts:
             short = name.replace("consumer warpgroup", "WG").replace("loader warp", "loader")
-            short = short.split(" (")[0].replace("Q rows of warpgroup", "Q/O").replace(", stage ", "")
-            hover = f"{name}: {size:,}" + {1: " threads", 2: " registers", 3: " KiB"}[row]
+            short = short.split(" (")[0].replace("Q rows of warpgroup ", "Q").replace(", stage ", "")
+            about = f"{name}: {size:,}" + {1: " threads", 2: " registers", 3: " KiB"}[row]
             if row == 1:
-                hover += f" ({size // 32} warps)"
+                about += f" ({size // 32} warps)"
             if row == 2:
                 per = LOADER_REGS if "loader" in name else CONSUMER_REGS
-                hover += f" ({per} per thread)"
+                about += f" ({per} per thread)"
+            if row == 1 and "loader" in name:
+                short = ""  # too narrow a bar for its name on a phone: named beside it, below
             fig.add_trace(go.Bar(orientation="h", y=[""], base=[start], x=[size], text=[short], textposition="inside",
-                                 insidetextanchor="middle", textangle=0, hovertext=[hover], hoverinfo="text",
+                                 insidetextanchor="middle", textangle=0, hovertext=[hover(about)], hoverinfo="text",
                                  marker=dict(color=colour, line=dict(color="white", width=1)), showlegend=False),
                           row=row, col=1)
             start += size
         limit = limits[row - 1][1]
         if limit:
             fig.add_vline(x=limit, line=dict(color="black", dash="dot", width=1.5), row=row, col=1)
+    # the loader warp named to the right of its bar, where the threads' axis leaves room (no limit there)
+    total_threads = sum(n for _, n, _ in threads)
+    narrow = {f"annotations[{len(fig.layout.annotations)}].text": "loader"}
+    fig.add_annotation(x=total_threads, y=0, xanchor="left", xshift=4, showarrow=False, text="loader warp",
+                       font=dict(size=12, color="#2a3f5f"), row=1, col=1)
+    fig.update_xaxes(range=[0, total_threads * 7 / 6], row=1, col=1)
     fig.update_layout(barmode="overlay", uniformtext=dict(minsize=8, mode="hide"))
     used = 2 * q_half + 2 * STAGES * kv
     concept_layout(
@@ -452,7 +477,7 @@ def hopper_program() -> go.Figure:
         f"{sum(r for _, r, _ in regs):,} of the SM's 65,536. Shared memory: the Q tile's two halves of "
         f"{q_half} KiB and {STAGES} stages of K and V, {kv} KiB each, {used} of the 227 KiB a program may use.",
         height=420)
-    return fig
+    return set_narrow(fig, **narrow, **{"margin.l": 12})  # no tick labels at the left: the bars take the width
 
 
 def store_pattern(staged: bool, rows: int = 8, cols: int = 32) -> tuple[list[list[int]], list[list[int]]]:
@@ -477,6 +502,9 @@ def store_pattern(staged: bool, rows: int = 8, cols: int = 32) -> tuple[list[lis
     return lanes, instructions
 
 
+NARROW_STORE_COLUMNS = 20  # of O's columns, shown on a phone: one 32-byte sector and part of the next
+
+
 @figure("concept-output-stores")
 def output_stores(rows: int = 8, cols: int = 32) -> go.Figure:
     """Which lane stores which element of O, and in which instruction, from wgmma's layout and after
@@ -487,11 +515,11 @@ def output_stores(rows: int = 8, cols: int = 32) -> go.Figure:
     for panel, staged in ((1, False), (2, True)):
         lanes, instr = store_pattern(staged, rows, cols)
         width = 16 if staged else 4
-        hover = [[f"row {r}, column {c}: lane {lanes[r][c]}, store instruction {instr[r][c]} "
-                  f"({width} bytes from this thread)" for c in range(cols)] for r in range(rows)]
+        about = [[hover(f"row {r}, column {c}: lane {lanes[r][c]}, store instruction {instr[r][c]} "
+                        f"({width} bytes from this thread)") for c in range(cols)] for r in range(rows)]
         top = max(max(row) for row in instr)
         scale = [[i / (top + 1) + e / (top + 1), colours[i % len(colours)]] for i in range(top + 1) for e in (0, 1)]
-        fig.add_trace(go.Heatmap(z=instr, text=lanes, texttemplate="%{text}", hovertext=hover, hoverinfo="text",
+        fig.add_trace(go.Heatmap(z=instr, text=lanes, texttemplate="%{text}", hovertext=about, hoverinfo="text",
                                  colorscale=scale, zmin=-0.5, zmax=top + 0.5, showscale=False, xgap=1, ygap=1,
                                  textfont=dict(size=9, color="white")), row=panel, col=1)
         for sector in range(16, cols, 16):  # a 32-byte sector: 16 columns of 16-bit elements
@@ -505,5 +533,9 @@ def output_stores(rows: int = 8, cols: int = 32) -> go.Figure:
         "by one instruction and half by the next. Below, after staging through shared memory, each lane "
         "holds eight adjacent columns and each sector is written whole by one instruction.", height=520)
     add_notes(fig, f"Warp 0 of a consumer warpgroup, {HEAD_DIM} columns of 16-bit values in all; a cell's number is "
-                   "its lane, its colour the store instruction that writes it (hover for both).")
-    return set_narrow(fig, **{"+height": 60})
+                   "its lane, its colour the store instruction that writes it (hover for both).",
+              f"On a narrow screen the grids show their first {NARROW_STORE_COLUMNS} columns, so that the lane "
+              "numbers stay legible; drag a grid sideways for the rest.")
+    # a phone: fewer, wider cells (the first sector and the start of the next), no margin at the sides
+    return set_narrow(fig, **{"+height": 60, "margin.l": 8, "margin.r": 8, "dragmode": "pan",
+                              **{f"xaxis{i}.range": [-0.5, NARROW_STORE_COLUMNS - 0.5] for i in ("", "2")}})
