@@ -333,7 +333,8 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
     grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
     precision = dot_precision(q.dtype)  # float32 products as torch's matmul setting says
-    if tuned:
+    # full-precision float32 multiplies on the CUDA cores, where tuning tensor-core tiles buys nothing
+    if tuned and not (q.is_cuda and precision == "ieee"):
         # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
         tuning_key = (length_bucket, shape.head_dim, causal, block_d, q.dtype)
         TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
