@@ -138,6 +138,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, *, method: str = "auto") -> torch.T
 
     method: "descriptors" (tensor descriptors; needs row-major, 16-byte aligned rows), "pointers"
     (explicit pointer tiles; any layout), or "auto" (descriptors when the layout allows).
+    On a GPU float32 operands are multiplied in TF32 on the tensor cores whatever torch's float32
+    matmul setting (this chapter is about tensor-core tiles; the attention kernels follow the setting).
     """
     _check_matmul_inputs(a, b)
     if method not in ("auto", "descriptors", "pointers"):

@@ -64,3 +64,13 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         + "; nor were bfloat16 cases, which Triton's interpreter computes wrongly without an error "
         "(triton-lang/triton#4972)"
     )
+
+
+@pytest.fixture(autouse=True)
+def _release_cached_gpu_memory():
+    """On a GPU, hand the memory a test's tensors left in PyTorch's cache back to the driver after
+    each test: the suite runs in many processes on one GPU (pytest -n 16), and each process's cache
+    would otherwise keep its largest test's memory for good, until the others run out."""
+    yield
+    if ON_GPU:
+        torch.cuda.empty_cache()

@@ -7,6 +7,7 @@ the kernel's scheduling in plain Python, checked here against the kernel's own c
 output on its shapes (N = 1, ragged tiles, n_q ≠ n_k both ways, grouped-/multi-query attention, both
 layouts, a poisoned `out=`, float16 and bfloat16) and its argument checks are in `test_conformance.py`."""
 
+import importlib.util
 import types
 
 import pytest
@@ -151,6 +152,9 @@ def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch
     assert not ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
     assert ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)
 
+NEEDS_PLOTLY = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
+                                reason="the figures need plotly (pip install -e '.[site]')")
+
 
 # --- the chapter's pictures (tutorial_kernels/figures/ch07.py) --------------------------------------
 
@@ -185,6 +189,7 @@ def _on_integers(jit_function, gl):
 @pytest.mark.parametrize("n_q,n_k,batch,heads,group,section", [
     (1024, 1024, 1, 3, 1, 3), (2048, 2048, 1, 32, 4, 32), (300, 300, 2, 4, 2, 3), (1000, 130, 1, 3, 3, 1),
     (100, 357, 2, 2, 1, 4), (1, 1, 1, 1, 1, 1), (777, 777, 3, 5, 5, 2)])
+@NEEDS_PLOTLY
 def test_the_pictures_number_work_items_as_the_kernel_does(n_q, n_k, batch, heads, group, section, causal):
     from tutorial_kernels.ch07_hopper import _work_item
     from tutorial_kernels.figures.ch07 import work_items
@@ -201,6 +206,7 @@ def test_the_pictures_number_work_items_as_the_kernel_does(n_q, n_k, batch, head
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 132])
+@NEEDS_PLOTLY
 def test_the_pictures_deal_items_as_the_kernel_does(programs):
     from tutorial_kernels.ch07_hopper import _dealt_item
     from tutorial_kernels.figures.ch07 import deal_items, dealt_item
@@ -214,6 +220,7 @@ def test_the_pictures_deal_items_as_the_kernel_does(programs):
     assert dealt[0][:2] == [0, 2 * programs - 1]
 
 
+@NEEDS_PLOTLY
 def test_dealing_forwards_and_backwards_evens_out_the_prefill_shape():
     # The page's arithmetic: 32 heads of 2048 tokens, causal, 512 items on 132 programs.
     from tutorial_kernels.figures.ch07 import busiest_program_tiles, work_items
@@ -224,6 +231,7 @@ def test_dealing_forwards_and_backwards_evens_out_the_prefill_shape():
     assert busiest_program_tiles(lengths, 132, backwards=False) == 40
 
 
+@NEEDS_PLOTLY
 def test_the_pipeline_picture_keeps_the_kernels_barriers():
     from tutorial_kernels.ch07_hopper import STAGES
     from tutorial_kernels.figures.ch07 import MMA_UNITS, pipeline_schedule
@@ -252,6 +260,7 @@ def test_the_pipeline_picture_keeps_the_kernels_barriers():
     assert sum(e - s for *_, s, e in alone["mma"]) == 2 * n_tiles * MMA_UNITS
 
 
+@NEEDS_PLOTLY
 def test_every_chapter_7_figure_builds_and_every_picture_has_alt_text():
     from tutorial_kernels.figures import FIGURES, build
     from tutorial_kernels.figures.style import figure_meta
@@ -267,6 +276,7 @@ def test_every_chapter_7_figure_builds_and_every_picture_has_alt_text():
             assert len(figure_meta(fig).get("alt", "")) > 80, name
 
 
+@NEEDS_PLOTLY
 def test_the_output_picture_writes_each_sector_in_two_instructions_or_in_one():
     from tutorial_kernels.figures.ch07 import store_pattern
 

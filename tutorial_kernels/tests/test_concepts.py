@@ -6,6 +6,8 @@ import re
 
 import pytest
 
+pytest.importorskip("plotly", reason="the figures need plotly (pip install -e '.[site]')")
+
 from tutorial_kernels.figures import build, figure_html
 from tutorial_kernels.figures.concepts import (
     CAUSAL_PAIRS, HOVER_WIDTH, SCORE_STATES, STAGE_NAMES, causal_tile_stages, dataflow_bytes, dkdv_visits, dq_visits,

@@ -247,7 +247,7 @@ def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeyp
     one_program_per_item = not ch07_hopper.runs_persistent(kv_bytes, batch * kv_heads, causal,
                                                            torch.cuda.get_device_properties(0).L2_cache_size)
     assert one_program_per_item == (shape[4] == "beyond"), "the shapes cover both kinds of launch"
-    _full_launch_only(monkeypatch, ch05_hopper, "_launches")
+    _full_launch_only(monkeypatch, ch07_hopper, "_launches")
     for call in range(3):
         x = random_qkv(batch, heads, n_q, n_k, 128, torch.bfloat16, "cuda", layout="bnhd")
         k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
@@ -260,7 +260,7 @@ def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeyp
         ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
         assert_close(out, ref, torch.bfloat16, seed=x.seed)
     monkeypatch.undo()
-    _full_launch_only(monkeypatch, ch05_hopper, "_launches")
+    _full_launch_only(monkeypatch, ch07_hopper, "_launches")
     ch07_hopper._launch(x.q, k, v, causal, 0.1, out, programs=1, plan="a key")  # a forced schedule
     assert len(ch07_hopper._launches) == 0
 
