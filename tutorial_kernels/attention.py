@@ -40,13 +40,16 @@ MAX_DECISIONS = 4096  # remembered calls (`flash_attention`); forgotten all at o
 _DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale)
 
 
-def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, training: bool) -> str:
+def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, training: bool,
+               out: torch.Tensor | None = None) -> str:
     """Which kernel `flash_attention` runs for these (validated) inputs: "triton-interpreter",
     "triton-tuned" or "hopper" (forward); a training call always runs chapter 5's Triton forward, which
-    also writes the log-sum-exp the backward needs (the Hopper kernel does not)."""
+    also writes the log-sum-exp the backward needs (the Hopper kernel does not). The Hopper kernel
+    writes `out` with its head dimension contiguous, so another layout of `out` goes to Triton."""
     if not q.is_cuda:
         return "triton-interpreter"
-    if not training and preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None:
+    if (not training and preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None
+            and (out is None or out.stride(3) == 1)):
         return "hopper"
     return "triton-tuned"
 
@@ -65,7 +68,7 @@ def _launch(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
 def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
               sm_scale: float) -> None:
     """Inference: O = softmax(sm_scale · Q Kᵀ) V written into `out` (B, H, n_q, d), any dense layout."""
-    _launch(kernel_for(q, k, v, causal, training=False), q, k, v, out, causal, sm_scale)
+    _launch(kernel_for(q, k, v, causal, training=False, out=out), q, k, v, out, causal, sm_scale)
 
 
 # The same body as an operator torch.compile can trace. Eager calls skip the operator: its dispatch
@@ -147,7 +150,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     decision = _DECISIONS.get(key) if key is not None else None
     if decision is None:
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
-        decision = ("train" if training else kernel_for(q, k, v, causal, training=False), scale)
+        decision = ("train" if training else kernel_for(q, k, v, causal, training=False, out=out), scale)
         if key is not None:
             if len(_DECISIONS) >= MAX_DECISIONS:
                 _DECISIONS.clear()

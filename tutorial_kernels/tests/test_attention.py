@@ -159,5 +159,7 @@ def test_inference_on_hopper_takes_the_gluon_kernel_where_it_wins():
     x = random_qkv(1, 8, 4096, 4096, 128, torch.bfloat16)
     assert kernel_for(x.q, x.k, x.v, True, training=False) == "hopper"
     assert kernel_for(x.q, x.k, x.v, True, training=True) == "triton-tuned"
+    columns_apart = torch.empty(1, 8, 128, 4096, dtype=torch.bfloat16, device=x.q.device).transpose(2, 3)
+    assert kernel_for(x.q, x.k, x.v, True, training=False, out=columns_apart) == "triton-tuned"
     assert_close(flash_attention(x.q, x.k, x.v, True), reference_attention(x.q, x.k, x.v, True), torch.bfloat16,
                  seed=x.seed)
