@@ -713,3 +713,117 @@ def test_the_checks_catch_a_planted_page(browser, built_site, served_site):
     unnamed = [f"{what}: {word}" for what, words in expected.items() for word in words
                if not any(word in problem for problem in found[what])]
     assert not unnamed, f"planted problems not named: {unnamed}\n{found}"
+
+
+# --- the dark palette and the diagrams' alt text ---------------------------------------------------
+
+# For each text element of the page's prose, its colour against the first opaque background behind
+# it (WCAG 2 contrast ratio); and every plot's own background. Run on a page in the dark palette.
+PALETTE = """
+() => {
+  const rgb = s => (s.match(/[\\d.]+/g) || []).map(Number);
+  const lum = ([r, g, b]) => [r, g, b].map(c => c / 255).map(c => c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4)
+    .reduce((sum, c, i) => sum + c * [0.2126, 0.7152, 0.0722][i], 0);
+  const background = el => {
+    for (let e = el; e; e = e.parentElement) {
+      const c = rgb(getComputedStyle(e).backgroundColor);
+      if (c.length === 3 || (c.length === 4 && c[3] > 0.5)) return c.slice(0, 3);
+    }
+    return [255, 255, 255];
+  };
+  const low = [];
+  const selector = '.md-typeset p, .md-typeset li, .md-typeset td, .md-typeset th, .md-typeset summary, .md-typeset figcaption';
+  for (const el of document.querySelectorAll(selector)) {
+    const text = (el.innerText || '').trim();
+    if (!text || el.closest('.js-plotly-plot') || el.offsetParent === null) continue;
+    const fg = rgb(getComputedStyle(el).color).slice(0, 3), bg = background(el);
+    const [a, b] = [lum(fg), lum(bg)].sort((x, y) => y - x);
+    const ratio = (a + 0.05) / (b + 0.05);
+    if (ratio < 4.5) low.push(`${ratio.toFixed(2)}: "${text.slice(0, 60)}"`);
+  }
+  const plots = [...document.querySelectorAll('.js-plotly-plot')]
+    .filter(p => getComputedStyle(p).backgroundColor !== 'rgb(255, 255, 255)')
+    .map(p => `${p.id || '(plot)'}: background ${getComputedStyle(p).backgroundColor}`);
+  return {scheme: document.body.getAttribute('data-md-color-scheme'), low: low.slice(0, 8), plots};
+}
+"""
+
+# Every diagram of an idea (`concept-…`) carries its alt text: a role="img" wrapper with an aria-label.
+ALT_TEXTS = """
+() => [...document.querySelectorAll('.plotly-graph-div[id^="figure-concept-"]')].map(div => {
+  const wrapper = div.closest('[role="img"]');
+  return [div.id, wrapper ? (wrapper.getAttribute('aria-label') || '') : null];
+})
+"""
+
+
+def dark_visit(browser, base_url: str, url: str) -> dict:
+    """One page at laptop width with the reader's system set to dark: the palette it chose, prose
+    whose contrast is too low, and plots without their white card."""
+    context = browser.new_context(viewport={"width": LAPTOP, "height": HEIGHT}, color_scheme="dark")
+    page = context.new_page()
+    page.route("**/*", lambda route: route.continue_() if urlsplit(route.request.url).hostname in LOCAL_HOSTS
+               else route.abort())
+    try:
+        page.goto(base_url + url, wait_until="load", timeout=30_000)
+        try:
+            page.wait_for_function(PLOTS_DRAWN, timeout=10_000)
+        except Exception:
+            pass  # an undrawn plot is reported by the light-palette checks
+        return page.evaluate(PALETTE)
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="session")
+def dark_visits(browser, built_site, served_site) -> dict[str, dict]:
+    return {url: dark_visit(browser, served_site, url) for url in built_site.pages()}
+
+
+def dark_problems(results: dict[str, dict]) -> list[str]:
+    problems = []
+    for url, r in results.items():
+        where = url or "(home)"
+        if r["scheme"] != "slate":
+            problems.append(f"{where}: the dark palette was not chosen (data-md-color-scheme={r['scheme']!r})")
+        problems += [f"{where}: text contrast {low}" for low in r["low"]]
+        problems += [f"{where}: {plot} (no white card in the dark palette)" for plot in r["plots"]]
+    return problems
+
+
+def test_every_page_reads_in_the_dark_palette(dark_visits):
+    """A reader whose system is dark gets the slate palette; prose keeps a contrast of at least 4.5:1,
+    and every plot keeps the white paper its dark text is drawn for."""
+    problems = dark_problems(dark_visits)
+    assert not problems, report(problems, "problems in the dark palette")
+
+
+def test_every_concept_diagram_has_alt_text(browser, served_site, built_site):
+    problems, seen = [], 0
+    context = browser.new_context(viewport={"width": LAPTOP, "height": HEIGHT})
+    try:
+        for url in built_site.pages():
+            page = context.new_page()
+            page.goto(served_site + url, wait_until="load", timeout=30_000)
+            for div_id, alt in page.evaluate(ALT_TEXTS):
+                seen += 1
+                if alt is None:
+                    problems.append(f"{url or '(home)'}: {div_id} has no role=img wrapper with alt text")
+                elif len(alt.split()) < 12:
+                    problems.append(f"{url or '(home)'}: {div_id}'s alt text is too short to describe it: {alt!r}")
+            page.close()
+    finally:
+        context.close()
+    assert seen >= 6, f"only {seen} concept diagrams on the site; the chapters place at least six"
+    assert not problems, report(problems, "diagrams without alt text")
+
+
+def test_the_dark_palette_checks_catch_a_planted_page(browser, built_site, served_site):
+    (built_site.root / "planted-dark.html").write_text(
+        '<html><body data-md-color-scheme="default" style="background:#1e2129">'
+        '<div class="md-typeset"><p style="color:#333">grey on slate</p>'
+        '<div class="js-plotly-plot" id="transparent-plot" style="background:transparent;width:10px;height:10px"></div>'
+        '</div></body></html>', encoding="utf-8")
+    found = dark_problems({"planted-dark.html": dark_visit(browser, served_site, "planted-dark.html")})
+    for expected in ("dark palette was not chosen", 'text contrast', '"grey on slate"', "transparent-plot"):
+        assert any(expected in p for p in found), f"missed {expected!r}: {found}"
