@@ -137,7 +137,6 @@ FIGURE_CSS = """
 .md-typeset .figure-table table:not([class]) { font-size: .7rem; margin: 0; }
 .md-typeset .figure-table table:not([class]) th { vertical-align: bottom; min-width: 0; }
 .md-typeset .figure-table table:not([class]) td { vertical-align: top; }
-.md-typeset .figure-table td[style*="background-color"] { color: #1b1b1f; } /* light fills: dark text in either palette */
 .md-typeset .figure-table table:not([class]) th, .md-typeset .figure-table table:not([class]) td { padding: .45em .7em; }
 .md-typeset .figure-table .tabbed-set { margin: .4em 0 0; }
 .md-typeset .figure-only-label { font-size: .7rem; margin-left: .3em; cursor: pointer; }
