@@ -320,3 +320,19 @@ def test_no_page_carries_the_diary():
         message.append(f"{len(unused)} allow-list entr(y/ies) that allow nothing any more (delete them):")
         message += [f"  line {e.number}: {e.page} :: {e.text}" for e in unused]
     assert not message, "\n".join(message)
+
+
+# Every chapter page and the appendix show tested code: sections of tutorial_kernels/ included with
+# `--8<-- "tutorial_kernels/FILE.py:SECTION"` (the strict build fails when a section does not exist).
+INCLUDE = re.compile(r'--8<-- "tutorial_kernels/[\w/]+\.py:\w+"')
+TEACHING_PAGES = sorted((ROOT / "docs" / "chapters").glob("*.md")) + sorted((ROOT / "docs" / "appendix").glob("*.md"))
+
+
+@pytest.mark.parametrize("page", TEACHING_PAGES, ids=lambda p: p.name)
+def test_every_teaching_page_includes_tested_code(page):
+    includes = INCLUDE.findall(page.read_text(encoding="utf-8"))
+    assert includes, f"{page.relative_to(ROOT)} includes no tested code from tutorial_kernels/ (--8<-- sections)"
+
+
+def test_the_chapters_are_found():
+    assert len(TEACHING_PAGES) >= 8, [p.name for p in TEACHING_PAGES]
