@@ -288,7 +288,7 @@ def warp_specialised_pipeline(n_tiles: int = 6) -> go.Figure:
             "warpgroup 0: softmax", "warpgroup 1: softmax"]
     fig.update_layout(barmode="overlay", bargap=0.25, uniformtext=dict(minsize=9, mode="hide"))
     concept_layout(
-        fig, f"One program, one work item: a loader warp, {STAGES} stages, two consumer warpgroups",
+        fig, f"One program, one work item:<br>a loader warp, {STAGES} stages, two consumer warpgroups",
         f"A timeline with rows for the loader warp, the {STAGES} shared-memory stages, the tensor cores and "
         f"the softmax of each of the two consumer warpgroups. The loader copies Q, then K/V tiles "
         f"0 to {n_tiles - 1} into stages 0, 1, 2, 0, …; a stage is refilled only after both warpgroups "
@@ -306,8 +306,8 @@ def intra_warpgroup_overlap(n_tiles: int = 5) -> go.Figure:
     """One warpgroup, all tiles already in shared memory: every product waited for at once (as
     Triton compiles chapter 5's loop) against FA3's order (S_t issued with P̃_{t-1}V_{t-1}, wait for S_t only)."""
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.16,
-                        subplot_titles=["Every wgmma waited for at once",
-                                        "Issue S<sub>t</sub> and P̃<sub>t−1</sub>V<sub>t−1</sub>, wait for S<sub>t</sub> only"])
+                        subplot_titles=["Every wgmma<br>waited for at once",
+                                        "Issue S<sub>t</sub> and P̃<sub>t−1</sub>V<sub>t−1</sub>,<br>wait for S<sub>t</sub> only"])
     ends = []
     for row, overlapped in ((1, False), (2, True)):
         run = pipeline_schedule(n_tiles, warpgroups=1, overlapped=overlapped, loads=False)
