@@ -4,6 +4,7 @@ The notebooks live at the top of the repository (beside the package they import)
 `docs/`, so mkdocs never sees them. `on_files` adds each one to the site's files under the URI
 `notebooks/<name>.ipynb`: that is the path `nav` uses, and a chapter page links to it as
 `../notebooks/<name>.ipynb`. Names starting with `_` are scratch notebooks and stay off the site.
+Lab notebooks (`notebooks/labs/<name>.ipynb`) are published the same way, at `notebooks/labs/<name>/`.
 
 mkdocs does not rewrite links inside notebooks, so `on_page_content` does: a notebook links to
 a page by its path in the repository (`../docs/chapters/02-naive-attention.md`, or
@@ -39,10 +40,10 @@ log = logging.getLogger("mkdocs.site_hooks.notebooks")  # under "mkdocs": --stri
 # lets it see ours; run after it and a notebook is copied as a raw file, and --strict still passes.
 @mkdocs.plugins.event_priority(100)
 def on_files(files: Files, config) -> Files:
-    for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")):
+    for path in sorted(NOTEBOOK_DIR.glob("*.ipynb")) + sorted(NOTEBOOK_DIR.glob("labs/*.ipynb")):
         if path.name.startswith("_"):
             continue
-        uri = f"notebooks/{path.name}"
+        uri = "notebooks/" + path.relative_to(NOTEBOOK_DIR).as_posix()
         if files.get_file_from_path(uri) is not None:
             raise PluginError(f"docs/{uri} and {uri} both exist; keep only {uri}")
         # A plain File rooted at the repository, not File.generated: mkdocs-jupyter wraps the
@@ -78,7 +79,8 @@ def on_page_content(html: str, page, config, files: Files) -> str:
         page.meta["title"] = tex_to_text(html_module.unescape(heading)).strip()
 
     def link(m: re.Match) -> str:
-        in_repo = posixpath.normpath(posixpath.join("notebooks", m["path"]))
+        here = posixpath.dirname(page.file.src_uri)  # notebooks, or notebooks/labs for a lab
+        in_repo = posixpath.normpath(posixpath.join(here, m["path"]))
         uri = in_repo.removeprefix("docs/")  # docs/chapters/x.md is the page chapters/x.md
         target = files.get_file_from_path(uri) if in_repo != uri or uri.startswith("notebooks/") else None
         if target is None:

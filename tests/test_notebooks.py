@@ -11,7 +11,8 @@ import pytest
 
 from tests.conftest import ROOT, require_tool
 
-NOTEBOOKS = sorted(p for p in (ROOT / "notebooks").glob("*.ipynb") if not p.name.startswith("_"))
+NOTEBOOKS = [p for p in sorted((ROOT / "notebooks").glob("*.ipynb")) + sorted((ROOT / "notebooks").glob("labs/*.ipynb"))
+             if not p.name.startswith("_")]  # the chapter notebooks, then the labs (committed with skeletons unfilled)
 
 
 @pytest.fixture(scope="module")
@@ -58,10 +59,16 @@ def test_there_are_notebooks():
     assert NOTEBOOKS, "notebooks/ holds no chapter notebook"
 
 
+def test_there_are_lab_notebooks():
+    assert any(p.parent.name == "labs" for p in NOTEBOOKS), "notebooks/labs/ holds no lab notebook"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_is_executed_and_not_stale(path, runner):
     nb = runner.nbformat.read(path, as_version=4)
-    code_cells = [c for c in nb.cells if c.cell_type == "code"]
+    # a lab's cells for the learner to fill in only define a function: they print nothing
+    code_cells = [c for c in nb.cells if c.cell_type == "code"
+                  and not (path.parent.name == "labs" and c.source.startswith("@triton.jit"))]
     assert all(c.outputs for c in code_cells), f"{path.name}: a code cell has no outputs; execute the notebook"
     assert nb.metadata.get(runner.STAMP_KEY) == runner.stamp(nb), (
         f"{path.name} is stale: the code or data it uses changed since it was executed; "
@@ -76,3 +83,18 @@ def test_notebook_reexecutes_to_the_committed_outputs(path, runner):
     fresh = runner.execute(copy.deepcopy(committed), path.parent)  # raises if a cell errors
     for index, (old, new) in enumerate(zip(_comparable(committed), _comparable(fresh))):
         assert old == new, f"{path.name}: code cell {index} printed or drew something else than what is committed"
+
+
+LABS = [p for p in NOTEBOOKS if p.parent.name == "labs"]
+
+
+@pytest.mark.parametrize("path", LABS, ids=[p.name for p in LABS])
+def test_a_lab_is_committed_unfilled_and_shows_the_graders_report(path, runner):
+    """Every `check(...)` cell printed a failing report (the skeleton is unfilled), never an exception."""
+    nb = runner.nbformat.read(path, as_version=4)
+    checks = [c for c in nb.cells if c.cell_type == "code" and c.source.startswith("check(")]
+    assert checks, f"{path.name} has no check(...) cell"
+    for cell in checks:
+        text = "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
+        assert "✗" in text and "hint:" in text, f"{path.name}: {cell.source!r} did not print a failing report:\n{text}"
+        assert not any(o.output_type == "error" for o in cell.outputs), f"{path.name}: {cell.source!r} raised"

@@ -1,13 +1,14 @@
 """Execute every notebook on the CPU and stamp it with what it was executed against.
 
-    python tools/execute_notebooks.py            # re-execute notebooks/*.ipynb in place
+    python tools/execute_notebooks.py            # re-execute notebooks/*.ipynb and notebooks/labs/*.ipynb in place
     python tools/execute_notebooks.py --check    # exit 1 if a notebook's stamp is stale
 
 Committed notebooks must show what today's code and data produce. The stamp is a SHA-256 of the
 notebook's code cells, the package's source (tests excluded) and the committed data files; it is
 stored in the notebook's metadata, and tests/test_notebooks.py fails when it no longer matches.
 Notebooks are executed with the GPU hidden, so the committed outputs come from the interpreter
-path every reader can reproduce; a reader with a GPU gets live measurements on top.
+path every reader can reproduce; a reader with a GPU gets live measurements on top. Lab notebooks
+(`notebooks/labs/`) are committed with their skeletons unfilled: their outputs are the grader's reports.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ CELL_TIMEOUT_S = 600
 
 
 def notebooks() -> list[Path]:
-    return sorted(p for p in NOTEBOOK_DIR.glob("*.ipynb") if not p.name.startswith("_"))
+    """The chapter notebooks, then the lab notebooks; names starting with `_` are scratch."""
+    found = sorted(NOTEBOOK_DIR.glob("*.ipynb")) + sorted(NOTEBOOK_DIR.glob("labs/*.ipynb"))
+    return [p for p in found if not p.name.startswith("_")]
 
 
 def stamp(nb: nbformat.NotebookNode) -> str:

@@ -6,7 +6,8 @@ Layers, bottom to top (README, "Layout"); a module imports only from its own lay
     perf          perf.*: remembered launches, autotuning choices, descriptor scratch
     chapters      ch01 … ch06 and ch07_hopper: kernels and their launchers (a chapter builds on earlier ones)
     api           attention: the front door (flash_attention, scaled_dot_product_attention), which picks a kernel
-    uses          instruments.* (timelines, byte models, sweeps) and integrations.* (Hugging Face, GPT, prefill)
+    uses          instruments.* (timelines, byte models, sweeps), integrations.* (Hugging Face, GPT, prefill)
+                  and labs.* (the learner's labs and their grader)
     bench         bench.*: the benchmark harness
     figures       figures.*: every figure the site and notebooks draw
     top           the package's __init__ (its public API) and testing (the test harness)
@@ -54,7 +55,7 @@ def layer(module: str) -> str:
         return top
     if module == "attention":
         return "api"
-    if top in ("instruments", "integrations"):
+    if top in ("instruments", "integrations", "labs"):
         return "uses"
     if top.startswith("ch0"):
         return "chapters"

@@ -1,0 +1,164 @@
+"""The labs' grader can fail: every step's solution passes, its unfilled skeleton fails, and planted
+typical mistakes are caught with their own hint (on the CPU, through Triton's interpreter)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import triton
+import triton.language as tl
+
+from tutorial_kernels import ch05_flash_v2
+from tutorial_kernels.labs import ch05, check
+from tutorial_kernels.labs.grader import LABS
+
+STEPS = [step for steps in LABS.values() for step in steps.values()]
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+def test_the_solution_passes(step, capsys):
+    report = check(step.name, step.solution)
+    assert report.passed, report.message
+    assert report.cases_passed == report.cases
+    assert "✓" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("step", STEPS, ids=lambda s: s.name)
+def test_the_unfilled_skeleton_fails_with_a_report(step):
+    report = check(step.name, step.skeleton, quiet=True)
+    assert not report.passed
+    assert "case: n_q=" in report.message and "hint:" in report.message
+
+
+# --- planted mistakes: each is the solution with one typical slip -------------------------------------
+
+@triton.jit
+def _mask_finite(s, offs_m, cols, n_q, n_k, CAUSAL: tl.constexpr):
+    visible = cols[None, :] < n_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))
+    return tl.where(visible, s, -1e9)
+
+
+@triton.jit
+def _mask_top_left(s, offs_m, cols, n_q, n_k, CAUSAL: tl.constexpr):
+    visible = cols[None, :] < n_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] <= offs_m[:, None])
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _mask_strict(s, offs_m, cols, n_q, n_k, CAUSAL: tl.constexpr):
+    visible = cols[None, :] < n_k
+    if CAUSAL:
+        visible = visible & (cols[None, :] < offs_m[:, None] + (n_k - n_q))
+    return tl.where(visible, s, float("-inf"))
+
+
+@triton.jit
+def _update_no_alpha(acc, l_i, m_i, s, v, DOT_PRECISION: tl.constexpr):
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - shift[:, None])
+    alpha = tl.math.exp2(m_i - shift)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)  # acc not rescaled
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _update_exp(acc, l_i, m_i, s, v, DOT_PRECISION: tl.constexpr):
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp(s - shift[:, None])
+    alpha = tl.exp(m_i - shift)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _update_no_guard(acc, l_i, m_i, s, v, DOT_PRECISION: tl.constexpr):
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    p = tl.math.exp2(s - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _stages_off_by_one(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    unmasked_end = tl.maximum(tl.minimum(start_m + (n_k - n_q), n_k) // BLOCK_N * BLOCK_N, 0)
+    masked_end = tl.maximum(tl.minimum(start_m + BLOCK_M + (n_k - n_q), n_k), 0)
+    return unmasked_end, masked_end
+
+
+@triton.jit
+def _stages_top_left(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    unmasked_end = tl.maximum(tl.minimum(start_m + 1, n_k) // BLOCK_N * BLOCK_N, 0)
+    masked_end = tl.maximum(tl.minimum(start_m + BLOCK_M, n_k), 0)
+    return unmasked_end, masked_end
+
+
+@triton.jit
+def _stages_not_whole_tiles(start_m, n_q, n_k, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    unmasked_end = tl.maximum(tl.minimum(start_m + (n_k - n_q) + 1, n_k), 0)
+    masked_end = tl.maximum(tl.minimum(start_m + BLOCK_M + (n_k - n_q), n_k), 0)
+    return unmasked_end, masked_end
+
+
+PLANTED = [
+    ("ch05.mask", _mask_finite, "finite"),
+    ("ch05.mask", _mask_top_left, "alignment"),
+    ("ch05.mask", _mask_strict, "off_by_one"),
+    ("ch05.online_softmax", _update_no_alpha, "no_rescale_acc"),
+    ("ch05.online_softmax", _update_exp, "exp"),
+    ("ch05.online_softmax", _update_no_guard, "nan"),
+    ("ch05.causal_stages", _stages_off_by_one, "off_by_one"),
+    ("ch05.causal_stages", _stages_top_left, "alignment"),
+    ("ch05.causal_stages", _stages_not_whole_tiles, "round_down"),
+]
+
+
+@pytest.mark.parametrize("step, fn, mistake", PLANTED, ids=[f"{s}-{m}" for s, _, m in PLANTED])
+def test_a_planted_mistake_is_caught_with_its_hint(step, fn, mistake):
+    report = check(step, fn, quiet=True)
+    assert not report.passed, f"{step}: the planted mistake {mistake!r} passed the grader"
+    spec = LABS["ch05"][step.split(".")[1]]
+    hint = next(m.hint for m in spec.mistakes if m.name == mistake)
+    assert hint in report.message, report.message
+    others = [m.name for m in spec.mistakes if m.name != mistake and m.hint in report.message]
+    assert not others, f"{step}: {mistake!r} was also diagnosed as {others}:\n{report.message}"
+
+
+def test_an_unknown_step_is_named_with_the_known_ones():
+    with pytest.raises(ValueError, match="ch05.mask"):
+        check("ch05.nope", ch05.mask_scores)
+
+
+def test_the_solutions_are_the_chapters_lines():
+    """The mask and update solutions are `_flash_v2_minimal_kernel`'s own lines (comments aside)."""
+    chapter = {line.split("#")[0].strip() for line in inspect.getsource(ch05_flash_v2._flash_v2_minimal_kernel.fn)
+               .splitlines()}
+    for solution in (ch05.mask_scores, ch05.online_softmax_update):
+        body = inspect.getsource(solution.fn).split('"""')[2].splitlines()
+        for line in body:
+            code = line.split("#")[0].strip()
+            if code and not code.startswith("return"):
+                assert code in chapter, f"{solution.__name__}: {code!r} is not in the chapter's kernel"
+
+
+def test_the_lab_notebook_starts_from_the_modules_skeletons():
+    """The notebook's cells to fill in are the skeletons graded here (renamed without `_skeleton`)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "notebooks" / "labs" / "05_flash_v2_lab.ipynb"
+    cells = ["".join(c["source"]) for c in json.loads(path.read_text(encoding="utf-8"))["cells"]
+             if c["cell_type"] == "code"]
+    for step in LABS["ch05"].values():
+        skeleton = inspect.getsource(step.skeleton.fn).replace("_skeleton(", "(", 1).strip()
+        assert skeleton in [c.strip() for c in cells], f"{path.name} has no cell with the skeleton of {step.name}"
