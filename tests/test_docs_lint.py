@@ -11,7 +11,8 @@ text:
 - the word "session" or "sessions";
 - one of our own issue or pull-request references: "issue 6", "issue #6", "issues 6/7", "PR #3", a
   bare "#6" (an upstream reference written `owner/repo#6242` is fine);
-- the seed documents: "the seed", "seed 003", "seed notes";
+- any "seed": the seed documents ("the seed", "seed 003", "seed notes"), and random seeds too, which a
+  reader cannot tell from them (say "random state" or "initialisation");
 - a duration in microseconds or milliseconds: "12 µs", "3.4 ms", "0.5 us" (times belong in figures
   and tables drawn from data/, and in BENCHMARKS.md).
 
@@ -53,7 +54,7 @@ RULES: dict[str, re.Pattern] = {
         r"\b(?:issues?|PRs?|pull requests?)\s*#?\d+(?:\s*(?:/|,|&|and|or)\s*#?\d+)*\b"
         r"|(?<![\w/&#])#\d{1,5}(?![\w-])",
         re.I),
-    "seed reference": re.compile(r"\bthe seeds?\b|\bseeds?[\s_-]*#?0\d{2}\b|\bseed notes?\b", re.I),
+    "seed reference": re.compile(r"\bthe seeds?\b|\bseeds?(?:[\s_-]*#?0\d{2}|\s+notes?)?\b", re.I),
     "duration in prose": re.compile(
         r"(?<![\w.])\d[\d.,]*(?:\s*(?:–|-|to)\s*\d[\d.,]*)?[\s\u00a0\u2009\u202f]*(?:µs|μs|us|ms)\b"),
 }
@@ -200,7 +201,7 @@ Unlike the seed, we name sources; seed 003 said so in the seed notes.
 It took 12 µs, then 3.4 ms, then 0.5 us, then 7–9 ms, then 40μs.
 
 Colours #1f77b4 and #1f77b4ff, a date 2025-11-24, fp16, bf16, e4m3, 0x1f2e3d4c, 1e-5 and 2e10
-are not hashes; 3e-05 neither. A random seed of 0 and seeds in general are fine.
+are not hashes; 3e-05 neither. A random seed of 0, and seeds in general, read as the seed documents.
 Upstream: triton-lang/triton#6242 and pytorch/pytorch#123456 are fine.
 Words that are not units: 12 muses, 4 msgs, 16 users; a speed-up of 1.5x; 3 s; ms alone.
 An entity &#8203; is no issue. A heading's "# Title" neither.
@@ -243,6 +244,9 @@ EXPECTED = [
     ("line 7", "seed reference", "the seed"),
     ("line 7", "seed reference", "seed 003"),
     ("line 7", "seed reference", "the seed"),  # "the seed notes" is one match: "the seed" comes first
+    ("line 11", "seed reference", "seed"),
+    ("line 11", "seed reference", "seeds"),
+    ("line 11", "seed reference", "the seed"),
     ("line 8", "duration in prose", "12 µs"),
     ("line 8", "duration in prose", "3.4 ms"),
     ("line 8", "duration in prose", "0.5 us"),

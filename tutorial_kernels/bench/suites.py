@@ -45,11 +45,11 @@ SUITES: dict[str, Suite] = {
         shapes=[Shape(1, 32, n, 128, causal) for causal in (False, True) for n in (512, 1024, 2048, 4096, 8192, 16384)],
         default_out="ch02_sweep.json",
     ),
-    "ch02-seed": Suite(
+    "ch02-rocm": Suite(
         description="The ROCm blog's sweep: B=1, H=32, d=128, fp16, causal, N=256..4096 step 256",
         providers=["eager", "sdpa-default", "naive-triton"],
         shapes=[Shape(1, 32, n, 128, True) for n in range(256, 4096 + 1, 256)],
-        default_out="ch02_seed.json",
+        default_out="ch02_rocm.json",
         notes=["The blog draws inputs with torch.rand; we use torch.randn (never zeros, mean zero)."],
     ),
     "ch03-matmul": Suite(

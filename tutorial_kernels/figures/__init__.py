@@ -23,7 +23,7 @@ from __future__ import annotations
 # Importing a page module registers its figures.
 from tutorial_kernels.figures import benchmarks, ch01, ch02, ch03, ch04, ch05, ch06, ch07, concepts, prefill  # noqa: F401
 from tutorial_kernels.figures.ch01 import reduction_bandwidth
-from tutorial_kernels.figures.ch02 import memory_vs_n, probability_heatmap, seed_speedup, time_vs_n
+from tutorial_kernels.figures.ch02 import memory_vs_n, probability_heatmap, rocm_speedup, time_vs_n
 from tutorial_kernels.figures.ch04 import hbm_totals
 from tutorial_kernels.figures.registry import (
     FIGURES,
@@ -45,6 +45,6 @@ __all__ = [
     "FIGURES", "build", "figure", "figure_html", "drawing_html", "is_table", "provenance", "show", "load_data",
     "provenance_line", "PROVIDER_COLOURS", "colour_clashes", "FIGURE_CSS", "Table", "Tabs",
     # the figures notebooks draw with their own data or with the reader's measurements
-    "hbm_totals", "memory_vs_n", "probability_heatmap", "reduction_bandwidth", "seed_speedup", "time_vs_n",
+    "hbm_totals", "memory_vs_n", "probability_heatmap", "reduction_bandwidth", "rocm_speedup", "time_vs_n",
     "timeline_figure",
 ]

@@ -1,6 +1,6 @@
 """Chapter 2's figures (docs/chapters/02-naive-attention.md): naive attention against torch's.
 
-The memory S and P take (a formula), the ROCm blog's speedup plot re-measured (data/ch02_seed.json),
+The memory S and P take (a formula), the ROCm blog's speedup plot re-measured (data/ch02_rocm.json),
 time, throughput and memory against N (data/ch02_sweep.json), and `probability_heatmap` for the
 notebook. `by_causal` (a not-causal / causal pair of panels) and `live_traces` (the reader's own
 measurements over the recorded ones) serve later chapters too.
@@ -46,10 +46,10 @@ def live_traces(fig: go.Figure, live: dict | None, y_of, **subplot) -> None:
         )
 
 
-@figure("ch02-seed-speedup")
-def seed_speedup(data: dict | None = None, live: dict | None = None) -> go.Figure:
+@figure("ch02-rocm-speedup")
+def rocm_speedup(data: dict | None = None, live: dict | None = None) -> go.Figure:
     """The ROCm blog's plot, re-measured: speedup over eager attention vs N."""
-    data = data or load_data("ch02_seed")
+    data = data or load_data("ch02_rocm")
     fig = go.Figure()
 
     def add(source: dict, dashed: bool) -> None:

@@ -50,11 +50,11 @@ def training_curves(data: dict | None = None, window: int = 20) -> go.Figure:
     for run in data["runs"]:
         losses = run["losses"]
         smooth = [sum(losses[max(0, i - window + 1):i + 1]) / len(losses[max(0, i - window + 1):i + 1]) for i in range(len(losses))]
-        label = f"{names[run['attention']]}, seed {run['seed']}"
+        label = f"{names[run['attention']]}, initialisation {run['seed']}"
         fig.add_trace(go.Scatter(x=list(range(1, len(losses) + 1)), y=smooth, mode="lines", name=label,
                                  line=dict(color=colours[run["attention"]], dash="solid" if run["seed"] == 0 else "dot"),
                                  hovertemplate=label + "<br>step %{x}: %{y:.3f}<extra></extra>"), row=1, col=1)
-        fig.add_trace(go.Bar(x=[f"{run['attention']}<br>seed {run['seed']}"], y=[run["median_step_ms"]], showlegend=False,
+        fig.add_trace(go.Bar(x=[f"{run['attention']}<br>init. {run['seed']}"], y=[run["median_step_ms"]], showlegend=False,
                              marker_color=colours[run["attention"]],
                              hovertemplate=label + "<br>%{y:.1f} ms per step<extra></extra>"), row=1, col=2)
     c = data["config"]

@@ -28,6 +28,9 @@ MOVED_MODULES = {
 }
 # recorded commands whose subcommand became a module of its own
 MOVED_COMMANDS = {
+    # the ROCm blog's sweep, named after where the experiment comes from
+    "python -m tutorial_kernels.bench ch02-seed --out data/ch02_seed.json":
+        "python -m tutorial_kernels.bench ch02-rocm --out data/ch02_rocm.json",
     "python -m tutorial_kernels.ch04_flash_v1 tiles": "python -m tutorial_kernels.instruments.tile_sweep",
     "python -m tutorial_kernels.ch04_flash_v1 timeline": "python -m tutorial_kernels.instruments.timeline ch04-timeline",
 }

@@ -69,7 +69,7 @@ def test_every_suite_names_known_providers():
 
 @pytest.mark.cpu("the message shown without a GPU")
 def test_refuses_to_run_without_a_gpu():
-    run = subprocess.run([sys.executable, "-m", "tutorial_kernels.bench", "ch02-seed"], capture_output=True, text=True)
+    run = subprocess.run([sys.executable, "-m", "tutorial_kernels.bench", "ch02-rocm"], capture_output=True, text=True)
     assert run.returncode == 2
     assert "need a CUDA GPU" in run.stderr
 
@@ -106,7 +106,7 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
 @pytest.mark.gpu("benchmarks")
 def test_measure_subset_on_the_gpu():
     # the notebooks' "your GPU" cells call this; every row must be measured and checked
-    result = measure_subset("ch02-seed", lambda shape: shape.n == 256)
-    assert {r["provider_key"] for r in result["results"]} == set(SUITES["ch02-seed"].providers)
+    result = measure_subset("ch02-rocm", lambda shape: shape.n == 256)
+    assert {r["provider_key"] for r in result["results"]} == set(SUITES["ch02-rocm"].providers)
     for row in result["results"]:
         assert row["status"] == "ok" and row["rel_err_head0"] < MAX_BENCH_ERROR["float16"], row
