@@ -66,8 +66,6 @@ def test_out_refuses_autograd_as_pytorch_does():
     q = x.q.requires_grad_()
     with pytest.raises(RuntimeError, match="out=.*automatic differentiation"):
         flash_attention(q, x.k, x.v, out=torch.empty_like(q))
-    with pytest.raises(ValueError, match="out must have shape"):
-        flash_attention(x.q.detach(), x.k, x.v, out=torch.empty(1, 2, 8, 32))
 
 
 @pytest.mark.parametrize("shape", [(2, 3, 21, 16), (21, 16), (2, 2, 3, 21, 16)], ids=["4d", "3d", "5d"])
@@ -107,14 +105,6 @@ def test_sdpa_refuses_what_it_does_not_compute(call, error, match):
     key, value = torch.randn(1, kv_heads, key_len, 16), torch.randn(1, kv_heads, key_len, value_dim)
     with pytest.raises(error, match=match):
         scaled_dot_product_attention(query, key, value, **call)
-
-
-def test_flash_attention_refuses_bad_input_naming_the_argument():
-    x = random_qkv(1, 2, 8, 8, 16, torch.float32)
-    with pytest.raises(ValueError, match="head_dim"):
-        flash_attention(torch.randn(1, 2, 8, 300), torch.randn(1, 2, 8, 300), torch.randn(1, 2, 8, 300))
-    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
-        flash_attention(x.q, None, x.v)
 
 
 def test_the_cpu_runs_the_interpreter_configuration():
