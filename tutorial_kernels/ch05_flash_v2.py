@@ -31,7 +31,7 @@ from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, on_tensor_cores
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, from_log2_units, head_dim_block, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs, check_out
@@ -473,9 +473,7 @@ TUNED = TunedKernel(
 
 # --8<-- [start:tuned_launch]
 def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors: bool | None = None):
-    if descriptors is None and isinstance(q, torch.Tensor) and q.is_cuda and dot_precision(q.dtype) == "ieee":
-        # float32 in full precision multiplies on the CUDA cores: the candidates' tensor-core tiles buy
-        # nothing there, and timing them all took minutes per shape; the teaching configuration runs it
+    if descriptors is None and isinstance(q, torch.Tensor) and not on_tensor_cores(q):  # full-precision float32
         return _launch_teaching(q, k, v, causal, sm_scale, out, with_lse=with_lse)
     # A call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.

@@ -35,7 +35,7 @@ import triton.language as tl
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, on_tensor_cores
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, causal_key_stages, causal_query_stages, head_dim_block, to_log2_units, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs
@@ -333,8 +333,7 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
     grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
     precision = dot_precision(q.dtype)  # float32 products as torch's matmul setting says
-    # full-precision float32 multiplies on the CUDA cores, where tuning tensor-core tiles buys nothing
-    if tuned and not (q.is_cuda and precision == "ieee"):
+    if tuned and on_tensor_cores(q):  # full-precision float32 runs the teaching configuration
         # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
         tuning_key = (length_bucket, shape.head_dim, causal, block_d, q.dtype)
         TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)

@@ -20,4 +20,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-__all__ = ["dot_precision"]
+def on_tensor_cores(t: torch.Tensor) -> bool:
+    """Whether a GPU multiplies `t`'s dtype on the tensor cores. Not so for float32 in full precision,
+    which runs on the CUDA cores: there the autotuners' tensor-core tiles buy nothing, and timing them
+    all took minutes per shape, so the tuned launchers run the teaching configuration instead."""
+    return not (t.is_cuda and dot_precision(t.dtype) == "ieee")
+
+
+__all__ = ["dot_precision", "on_tensor_cores"]

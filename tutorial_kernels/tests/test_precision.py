@@ -7,7 +7,7 @@ import torch
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_minimal, flash_attn_v2_tuned
 from tutorial_kernels.ch06_backward import flash_attention as ch06_flash_attention
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, on_tensor_cores
 from tutorial_kernels.reference import reference_attention, relative_error
 from tutorial_kernels.testing import random_qkv
 
@@ -25,6 +25,16 @@ def test_float32_products_follow_torchs_setting(matmul_precision, setting, expec
     matmul_precision(setting)
     assert dot_precision(torch.float32) == expected
     assert dot_precision(torch.float16) == dot_precision(torch.bfloat16) == "tf32"  # exact either way
+
+
+def test_only_full_float32_on_a_gpu_leaves_the_tensor_cores(matmul_precision):
+    matmul_precision("highest")
+    assert on_tensor_cores(torch.ones(1))  # the CPU: the interpreter has no tuning to skip
+    if torch.cuda.is_available():
+        assert not on_tensor_cores(torch.ones(1, device="cuda"))
+        assert on_tensor_cores(torch.ones(1, device="cuda", dtype=torch.float16))
+        matmul_precision("high")
+        assert on_tensor_cores(torch.ones(1, device="cuda"))
 
 
 KERNELS = {"flash_attn_v2": flash_attn_v2, "flash_attn_v2_minimal": flash_attn_v2_minimal,
