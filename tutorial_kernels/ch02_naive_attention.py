@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, tiles_for
 from tutorial_kernels.reference import causal_mask
 from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import check_attention_inputs, check_out, check_triton_tensor
@@ -59,7 +59,7 @@ def _scores_kernel(
     n_heads, n_q, n_k, head_dim, sm_scale,
     CAUSAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program computes one BLOCK_M × BLOCK_N tile of S = scale · Q Kᵀ for one (batch, head)."""
     pid_m = tl.program_id(0)
@@ -152,7 +152,7 @@ def _pv_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, n_q, n_k, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program computes BLOCK_M full rows of O = P V, walking the key axis in BLOCK_N steps."""
     pid_m = tl.program_id(0)
@@ -203,13 +203,13 @@ def attention_scores(
     B, H, n_q, n_k, d = shape.batch, shape.heads, shape.n_q, shape.n_k, shape.head_dim
     s_shape = (B, H, n_q, n_k)
     s = torch.empty(s_shape, dtype=q.dtype, device=q.device) if out is None else check_out(out, "out", s_shape, q)
-    grid = (triton.cdiv(n_q, BLOCK_M), triton.cdiv(n_k, BLOCK_N), B * H)
+    tiles = tiles_for(q.dtype, d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)  # smaller for full-precision float32
+    grid = (triton.cdiv(n_q, tiles["BLOCK_M"]), triton.cdiv(n_k, tiles["BLOCK_N"]), B * H)
     _scores_kernel[grid](
         q, k, s,
         *q.stride(), *k.stride(),
         H, n_q, n_k, d, shape.sm_scale,
-        CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d),
-        DOT_PRECISION=dot_precision(q.dtype),
+        CAUSAL=causal, BLOCK_D=head_dim_block(d), DOT_PRECISION=dot_precision(q.dtype), **tiles,
     )
     return s
 
@@ -247,12 +247,13 @@ def probs_times_values(
         )
     o_shape = (B, H, n_q, d)
     o = torch.empty(o_shape, dtype=v.dtype, device=v.device) if out is None else check_out(out, "out", o_shape, v)
-    grid = (triton.cdiv(n_q, BLOCK_M), B * H)
+    tiles = tiles_for(v.dtype, d, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)  # smaller for full-precision float32
+    grid = (triton.cdiv(n_q, tiles["BLOCK_M"]), B * H)
     _pv_kernel[grid](
         p, v, o,
         *v.stride(), *o.stride(),
         H, n_q, n_k, d,
-        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(d), DOT_PRECISION=dot_precision(v.dtype),
+        BLOCK_D=head_dim_block(d), DOT_PRECISION=dot_precision(v.dtype), **tiles,
     )
     return o
 # --8<-- [end:stages]

@@ -32,7 +32,7 @@ import triton.language as tl
 from tutorial_kernels.ch02_naive_attention import row_softmax as three_pass_softmax
 from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, tiles_for
 from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import SUPPORTED_DTYPES, check_attention_inputs, check_out, check_triton_tensor
 
@@ -254,7 +254,7 @@ def _online_attention_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, n_q, n_k, head_dim, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """BLOCK_M queries attend to all keys; S and P live in registers, one BLOCK_N tile at a time."""
     pid_m = tl.program_id(0)
@@ -321,12 +321,13 @@ def online_softmax_attention(
     shape = check_attention_inputs(q, k, v, causal, sm_scale)
     o = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else check_out(out, "out", tuple(q.shape), q)
     block_d = head_dim_block(shape.head_dim)
-    grid = (triton.cdiv(shape.n_q, 64), shape.batch * shape.heads)
+    tiles = tiles_for(q.dtype, shape.head_dim, BLOCK_M=64, BLOCK_N=64)  # smaller for full-precision float32
+    grid = (triton.cdiv(shape.n_q, tiles["BLOCK_M"]), shape.batch * shape.heads)
     _online_attention_kernel[grid](
         q, k, v, o,
         *q.stride(), *k.stride(), *v.stride(), *o.stride(),
         shape.heads, shape.n_q, shape.n_k, shape.head_dim, shape.sm_scale,
-        CAUSAL=causal, BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
+        CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype), **tiles,
     )
     return o
 

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from tutorial_kernels import recorder
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, full_float32, full_float32_tiles
 from tutorial_kernels.tiling import causal_query_stages, head_dim_block, query_stages
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
@@ -59,7 +59,7 @@ def _flash_v1_kernel(
     n_heads, n_q, n_k, head_dim, sm_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     TRACE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """Algorithm 1 for one (batch, head): K/V tiles outside, Q tiles inside, O, ℓ, m in HBM."""
     if TRACE:
@@ -173,8 +173,11 @@ def gpu_blocks(head_dim: int, dtype: torch.dtype = torch.float16) -> dict:
     travel (T_c = ⌈N / B_c⌉), so it should be as large as the chip allows. On an H100 (M ≈ 116k fp16
     elements) that is 454 keys at d = 64 and 227 at d = 128; Triton tiles are powers of two, and of the
     configurations timed on an H100 (data/ch04_tiles.json) 64 queries × 256 keys with 4 warps was the
-    fastest at both. float32 tiles take twice the shared memory, and 256 float32 keys no longer fit.
+    fastest at both. float32 tiles take twice the shared memory, and 256 float32 keys no longer fit;
+    float32 in full precision (three TF32 products) takes `precision.full_float32_tiles`.
     """
+    if full_float32(dtype):
+        return {name.lower(): value for name, value in full_float32_tiles(head_dim).items()}
     if dtype == torch.float32:
         return {"block_m": 64, "block_n": 128, "num_warps": 4 if head_dim <= 64 else 8, "num_stages": 2}
     return {"block_m": 64, "block_n": 256, "num_warps": 4, "num_stages": 2}

@@ -31,7 +31,7 @@ from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.precision import dot_precision, on_tensor_cores
+from tutorial_kernels.precision import autotunes, dot_precision, tiles_for
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, from_log2_units, head_dim_block, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs, check_out
@@ -48,7 +48,7 @@ def _flash_v2_minimal_kernel(
     stride_ob, stride_oh, stride_om, stride_od,
     n_heads, group_size, n_q, n_k, head_dim, qk_scale,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program: rows [pid_m·BLOCK_M, +BLOCK_M) of the queries of one (batch, head), against every
     key they may see. BLOCK_D is head_dim rounded up to a power of two; the extra columns load as 0."""
@@ -114,7 +114,7 @@ def flash_attn_v2_minimal(
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else check_out(
         out, "out", tuple(q.shape), q, any_dense_layout=True)
-    config = teaching_config(shape.head_dim)  # 64 × 64 tiles, 4 warps, 2 stages (32 × 32 on the CPU)
+    config = teaching_config(shape.head_dim, q.dtype)  # 64 × 64 tiles, 4 warps, 2 stages (32 × 32 on the CPU)
     grid = (triton.cdiv(shape.n_q, config["BLOCK_M"]), shape.batch * shape.heads)  # (T_r, B·H)
     _flash_v2_minimal_kernel[grid](
         q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(),
@@ -336,12 +336,13 @@ def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     return head_dim_block(head_dim), 0
 
 
-def teaching_config(head_dim: int) -> dict:
+def teaching_config(head_dim: int, dtype: torch.dtype = torch.float16) -> dict:
     """One readable configuration: 64 × 64 tiles (32-wide key tiles for the largest heads, whose
-    Q tile and accumulator already take 64 × 256 × 4 bytes of registers), 4 warps, 2 stages."""
+    Q tile and accumulator already take 64 × 256 × 4 bytes of registers), 4 warps, 2 stages; the
+    smaller `precision.full_float32_tiles` for float32 in full precision."""
     if interpreter_active():
         return dict(INTERPRETER_TILES)
-    return dict(BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, num_warps=4, num_stages=2)
+    return tiles_for(dtype, head_dim, BLOCK_M=64, BLOCK_N=64 if head_dim <= 128 else 32, num_warps=4, num_stages=2)
 
 
 # What a launch allows for K/V loads; the autotuner reads it (a key, so a choice made for contiguous
@@ -384,7 +385,7 @@ def _prepare(q, k, v, causal, sm_scale, out, *, with_lse: bool, tuned: bool, des
     if choice != POINTERS_ONLY and k.is_cuda:
         use_descriptor_scratch()
     if trace is not None:
-        recorder.check_trace(trace, triton.cdiv(shape.n_q, teaching_config(shape.head_dim)["BLOCK_M"])
+        recorder.check_trace(trace, triton.cdiv(shape.n_q, teaching_config(shape.head_dim, q.dtype)["BLOCK_M"])
                              * shape.batch * shape.heads, q.device)
     length_bucket = triton.next_power_of_2(max(shape.n_q, shape.n_k))
     args = (
@@ -422,7 +423,7 @@ def _launch_teaching(q, k, v, causal, sm_scale, out, *, with_lse=False, config=N
         raise ValueError("trace: a timeline is recorded with the teaching configuration; pass config=None")
     o, lse, args, constexprs, grid, _ = _prepare(q, k, v, causal, sm_scale, out, with_lse=with_lse, tuned=False,
                                                  descriptors=descriptors, trace=trace)
-    meta = dict(USE_DESCRIPTORS=False) | (config.all_kwargs() if config is not None else teaching_config(k.shape[-1]))
+    meta = dict(USE_DESCRIPTORS=False) | (config.all_kwargs() if config is not None else teaching_config(k.shape[-1], q.dtype))
     _flash_v2_fwd_kernel[grid(meta)](*args, **constexprs, **meta)
     return o, lse
 # --8<-- [end:launcher]
@@ -473,7 +474,7 @@ TUNED = TunedKernel(
 
 # --8<-- [start:tuned_launch]
 def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors: bool | None = None):
-    if descriptors is None and isinstance(q, torch.Tensor) and not on_tensor_cores(q):  # full-precision float32
+    if descriptors is None and isinstance(q, torch.Tensor) and not autotunes(q):  # full-precision float32
         return _launch_teaching(q, k, v, causal, sm_scale, out, with_lse=with_lse)
     # A call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.

@@ -35,7 +35,7 @@ import triton.language as tl
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.precision import dot_precision, on_tensor_cores
+from tutorial_kernels.precision import autotunes, dot_precision, tiles_for
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, causal_key_stages, causal_query_stages, head_dim_block, to_log2_units, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs
@@ -122,7 +122,7 @@ def _attn_bwd_dkdv_kernel(
     stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program: one BLOCK_N tile of keys of one (batch, key/value head), against every query of
     every query head in its group that can see it."""
@@ -219,7 +219,7 @@ def _attn_bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqm, stride_dqd,
     n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale, length_bucket,
     CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,  # "ieee" or "tf32" for float32 operands: `precision.dot_precision`
+    DOT_PRECISION: tl.constexpr,  # "tf32x3" or "tf32" for float32 operands: `precision.dot_precision`
 ):
     """One program: one BLOCK_M tile of queries of one (batch, head); the only writer of its dQ rows."""
     pid_m = tl.program_id(0)
@@ -261,14 +261,15 @@ def _attn_bwd_dq_kernel(
 # --8<-- [end:dq_kernel]
 
 
-def _backward_config(head_dim: int) -> dict:
+def _backward_config(head_dim: int, dtype: torch.dtype = torch.float16) -> dict:
     """The teaching configuration: 64 × 64 tiles on the GPU (32 × 32 above d = 128, where K_j, V_j,
-    dK_j and dV_j alone fill the registers); the interpreter's small tiles on the CPU."""
+    dK_j and dV_j alone fill the registers; `precision.full_float32_tiles` for float32 in full
+    precision); the interpreter's small tiles on the CPU."""
     if interpreter_active():
         return dict(INTERPRETER_TILES)
     if head_dim <= 128:
-        return dict(BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
-    return dict(BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
+        return tiles_for(dtype, head_dim, BLOCK_M=64, BLOCK_N=64, num_warps=4, num_stages=2)
+    return tiles_for(dtype, head_dim, BLOCK_M=32, BLOCK_N=32, num_warps=4, num_stages=1)
 
 
 def _configs(tiles) -> list[triton.Config]:
@@ -333,13 +334,13 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
     grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
     precision = dot_precision(q.dtype)  # float32 products as torch's matmul setting says
-    if tuned and on_tensor_cores(q):  # full-precision float32 runs the teaching configuration
+    if tuned and autotunes(q):  # full-precision float32 runs the teaching configuration
         # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
         tuning_key = (length_bucket, shape.head_dim, causal, block_d, q.dtype)
         TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
         TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
     else:
-        teaching = _backward_config(shape.head_dim)
+        teaching = _backward_config(shape.head_dim, q.dtype)
         dkdv_config, dq_config = (teaching, teaching) if configs is None else (c.all_kwargs() for c in configs)
         _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision,
                                       **dkdv_config)

@@ -66,6 +66,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     )
 
 
+@pytest.fixture
+def matmul_precision():
+    """`torch.set_float32_matmul_precision` for one test; the previous setting comes back after it."""
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
+
+
 @pytest.fixture(autouse=True)
 def _release_cached_gpu_memory():
     """On a GPU, hand the memory a test's tensors left in PyTorch's cache back to the driver after

@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import torch
 
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import full_float32
 from tutorial_kernels.runtime import interpreter_active
 
 
 def _full_float32() -> bool:
     """Whether float32 products are computed in float32: always in the interpreter (NumPy), on a GPU
     as PyTorch's float32 matmul precision says."""
-    return interpreter_active() or dot_precision(torch.float32) == "ieee"
+    return interpreter_active() or full_float32(torch.float32)
 
 
 def tolerance(dtype: torch.dtype) -> float:
     """Bound on ‖out − ref‖ / ‖ref‖ for one attention output in `dtype`.
 
     float32 is exact to ~1e-6 in the interpreter, and on a GPU under PyTorch's default float32 matmul
-    precision ("highest"), where the kernels multiply in full float32 (`precision.dot_precision`);
+    precision ("highest"), where the kernels multiply to float32 accuracy (`precision.dot_precision`);
     under "high" or "medium" `tl.dot` rounds float32 operands to TF32 (10-bit mantissa, error ~1e-3).
     float16 keeps 10 mantissa bits (unit roundoff 4.9e-4) and bfloat16 7 bits (3.9e-3), and S and P
     are rounded to that dtype once each.

@@ -146,7 +146,7 @@ def flash_v2_timeline(
     gen = torch.Generator(device="cuda").manual_seed(seed)
     q, k, v = (torch.randn(batch, heads, n, head_dim, generator=gen, device="cuda", dtype=dtype) for _ in range(3))
     ch05.flash_attn_v2(q, k, v, causal)  # compile first: the recorded launch is a warm one
-    config = ch05.teaching_config(head_dim)
+    config = ch05.teaching_config(head_dim, dtype)
     programs = triton.cdiv(n, config["BLOCK_M"]) * batch * heads
     buffer = recorder.new_trace(programs)
     ch05.flash_attn_v2(q, k, v, causal, trace=buffer)

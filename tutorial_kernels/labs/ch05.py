@@ -190,7 +190,8 @@ def online_softmax_update_skeleton(acc, l_i, m_i, s, v, DOT_PRECISION: tl.conste
     """Fold one tile into the running state of BLOCK_M query rows. s: (BLOCK_M, BLOCK_N) scores in log₂
     units (τ·log₂e already folded in), −∞ where hidden; v: (BLOCK_N, BLOCK_D) values; acc: (BLOCK_M,
     BLOCK_D) un-normalised output, l_i the running sums, m_i the running maxima (log₂ units).
-    DOT_PRECISION: pass it to tl.dot as input_precision ("ieee" keeps float32 products exact on a GPU).
+    DOT_PRECISION: pass it to tl.dot as input_precision ("tf32x3" keeps float32 products at float32
+    accuracy on a GPU).
     Return the new (acc, l_i, m_i)."""
     # TODO: m_new = ...            the new running max
     # TODO: shift = ...            m_new, but 0 where m_new is −∞ (a row that has seen no key yet)

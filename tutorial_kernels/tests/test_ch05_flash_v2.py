@@ -34,8 +34,8 @@ def test_head_dim_blocks(head_dim, blocks):
     assert _head_dim_blocks(head_dim) == blocks
 
 
-def _tiles(head_dim: int) -> tuple[int, int]:
-    config = teaching_config(head_dim)  # the minimal launcher's tiles too
+def _tiles(head_dim: int, dtype: torch.dtype = torch.float32) -> tuple[int, int]:
+    config = teaching_config(head_dim, dtype)  # the minimal launcher's tiles too
     return config["BLOCK_M"], config["BLOCK_N"]
 
 

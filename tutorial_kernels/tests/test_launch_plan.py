@@ -112,8 +112,11 @@ def _forbid_triton_dispatch(monkeypatch, kernel):
 @pytest.mark.parametrize("case", [(1, 3, 1, 64, "bhnd", False), (2, 4, 100, 80, "bnhd", True),
                                   (1, 8, 300, 128, "bhnd", True), (2, 2, 257, 256, "bnhd", False)],
                          ids=lambda c: "b{}h{}n{}d{}-{}-{}".format(*c[:5], "out" if c[5] else "new"))
-def test_a_remembered_launch_computes_what_the_full_launch_computes(monkeypatch, case, dtype):
+def test_a_remembered_launch_computes_what_the_full_launch_computes(monkeypatch, case, dtype, matmul_precision):
+    # float32 is tuned (and remembered) only on the tensor cores, in TF32: full float32 runs the
+    # configuration of `precision.full_float32_tiles` (`precision.autotunes`)
     batch, heads, n, head_dim, layout, with_out = case
+    matmul_precision("high")
     _full_launch_only(monkeypatch, ch05.TUNED)
     outputs = []
     for call in range(3):  # the autotuner's call, the call that is remembered, the repeat

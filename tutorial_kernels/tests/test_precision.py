@@ -7,34 +7,38 @@ import torch
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_minimal, flash_attn_v2_tuned
 from tutorial_kernels.ch06_backward import flash_attention as ch06_flash_attention
-from tutorial_kernels.precision import dot_precision, on_tensor_cores
+from tutorial_kernels.precision import autotunes, dot_precision, full_float32_tiles, tiles_for
+from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.reference import reference_attention, relative_error
 from tutorial_kernels.testing import random_qkv
 
 
-@pytest.fixture
-def matmul_precision():
-    """Set torch's float32 matmul precision for one test, and put the previous one back."""
-    before = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(before)
-
-
-@pytest.mark.parametrize("setting, expected", [("highest", "ieee"), ("high", "tf32"), ("medium", "tf32")])
+@pytest.mark.parametrize("setting, expected", [("highest", "tf32x3"), ("high", "tf32"), ("medium", "tf32")])
 def test_float32_products_follow_torchs_setting(matmul_precision, setting, expected):
     matmul_precision(setting)
     assert dot_precision(torch.float32) == expected
     assert dot_precision(torch.float16) == dot_precision(torch.bfloat16) == "tf32"  # exact either way
 
 
-def test_only_full_float32_on_a_gpu_leaves_the_tensor_cores(matmul_precision):
+def test_only_full_float32_on_a_gpu_skips_autotuning(matmul_precision):
     matmul_precision("highest")
-    assert on_tensor_cores(torch.ones(1))  # the CPU: the interpreter has no tuning to skip
+    assert autotunes(torch.ones(1))  # the CPU: the tuned path runs as for every dtype
     if torch.cuda.is_available():
-        assert not on_tensor_cores(torch.ones(1, device="cuda"))
-        assert on_tensor_cores(torch.ones(1, device="cuda", dtype=torch.float16))
+        assert not autotunes(torch.ones(1, device="cuda"))
+        assert autotunes(torch.ones(1, device="cuda", dtype=torch.float16))
         matmul_precision("high")
-        assert on_tensor_cores(torch.ones(1, device="cuda"))
+        assert autotunes(torch.ones(1, device="cuda"))
+
+
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])
+def test_full_float32_takes_the_small_tiles_on_a_gpu_only(matmul_precision, head_dim):
+    own = dict(BLOCK_M=64, BLOCK_N=64)
+    matmul_precision("highest")
+    expected = own if interpreter_active() else full_float32_tiles(head_dim)
+    assert tiles_for(torch.float32, head_dim, **own) == expected
+    assert tiles_for(torch.float16, head_dim, **own) == own
+    matmul_precision("high")
+    assert tiles_for(torch.float32, head_dim, **own) == own
 
 
 KERNELS = {"flash_attn_v2": flash_attn_v2, "flash_attn_v2_minimal": flash_attn_v2_minimal,
