@@ -2,6 +2,7 @@
 
     python tools/execute_notebooks.py            # re-execute notebooks/*.ipynb and notebooks/labs/*.ipynb in place
     python tools/execute_notebooks.py --check    # exit 1 if a notebook's stamp is stale
+    python tools/execute_notebooks.py notebooks/labs/02_naive_attention_lab.ipynb   # only these
 
 Committed notebooks must show what today's code and data produce. The stamp is a SHA-256 of the
 notebook's code cells, the package's source (tests excluded) and the committed data files; it is
@@ -68,9 +69,14 @@ def execute(nb: nbformat.NotebookNode, cwd: Path) -> nbformat.NotebookNode:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--check", action="store_true", help="only report notebooks whose stamp is stale")
+    parser.add_argument("paths", nargs="*", type=Path, help="only these notebooks (default: all)")
     args = parser.parse_args()
+    chosen = [p.resolve() for p in args.paths] or notebooks()
+    missing = [p for p in chosen if not p.is_file()]
+    if missing:
+        parser.error(f"no such notebook: {', '.join(map(str, missing))}")
     stale = []
-    for path in notebooks():
+    for path in chosen:
         nb = nbformat.read(path, as_version=4)
         if args.check:
             if nb.metadata.get(STAMP_KEY) != stamp(nb):
