@@ -4,9 +4,10 @@
     check("ch05.online_softmax", my_update)   # prints ✓ or the first failing case with a hint
     solution("ch05.online_softmax")           # the tested answer, folded in a notebook
 
-Each lab module (`ch05`: FlashAttention-2's inner loop and causal stages) holds the kernel the lab
-provides, a skeleton and a solution per step, and the typical mistakes the grader recognises
-(`steps.py`: cases, float64 answers, failures; `grader.py`: `check` and its `Report`).
+Each lab module `chNN.py` (one per chapter; `ch05`: FlashAttention-2's inner loop and causal stages)
+holds the kernel the lab provides, a skeleton and a solution per step, the typical mistakes the grader
+recognises, `STEPS` and its notebook's name `NOTEBOOK` (in `notebooks/labs/`). The grader finds every
+such module by its name (`steps.py`: cases, float64 answers, failures; `grader.py`: `check`, `Report`).
 """
 
 from tutorial_kernels.labs import ch05

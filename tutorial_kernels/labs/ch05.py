@@ -25,6 +25,7 @@ from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.tiling import LOG2_E, causal_key_stages, head_dim_block, key_stages
 
+NOTEBOOK = "05_flash_v2_lab.ipynb"  # in notebooks/labs/: starts from this module's skeletons
 BLOCK_M = 16  # small tiles: 70 keys are five tiles, the last one ragged
 BLOCK_N = 16
 

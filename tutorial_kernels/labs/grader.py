@@ -9,19 +9,31 @@ row, column, expected vs got) and a hint for the typical mistake the wrong outpu
 from __future__ import annotations
 
 import html
+import importlib
 import inspect
+import pkgutil
+import re
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import triton.language as tl
 
-from tutorial_kernels.labs import ch05
 from tutorial_kernels.labs.steps import Failure, Step
 from tutorial_kernels.runtime import interpreter_active
 
-LABS = {"ch05": ch05.STEPS}
+
+def _discover() -> dict[str, object]:
+    """Every lab module of the package, `labs/chNN.py`, by name: each holds `STEPS` and `NOTEBOOK`."""
+    here = str(Path(__file__).resolve().parent)
+    names = sorted(m.name for m in pkgutil.iter_modules([here]) if re.fullmatch(r"ch\d\d", m.name))
+    return {name: importlib.import_module(f"tutorial_kernels.labs.{name}") for name in names}
+
+
+LAB_MODULES = _discover()
+LABS = {name: module.STEPS for name, module in LAB_MODULES.items()}
 
 
 @dataclass
