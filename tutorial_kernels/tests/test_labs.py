@@ -164,3 +164,25 @@ def test_the_lab_notebook_starts_from_the_modules_skeletons(lab):
     for step in LABS[lab].values():
         skeleton = inspect.getsource(getattr(step.skeleton, "fn", step.skeleton)).replace("_skeleton(", "(", 1).strip()
         assert skeleton in [c.strip() for c in cells], f"{path.name} has no cell with the skeleton of {step.name}"
+
+
+@pytest.mark.parametrize("lab", LAB_MODULES)
+def test_every_lab_is_on_the_site_under_its_chapter(lab):
+    """Each lab's notebook is in the nav right after its chapter's notebook, and its chapter page links it."""
+    from pathlib import Path
+
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    notebook = f"notebooks/labs/{LAB_MODULES[lab].NOTEBOOK}"
+    assert (root / notebook).is_file(), f"{lab}: {notebook} is missing"
+    # from `nav:` on: the rest of mkdocs.yml holds tags (!!python/name) that safe_load refuses
+    nav = yaml.safe_load("nav:" + (root / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1])
+    chapters = next(entry["Chapters"] for entry in nav["nav"] if isinstance(entry, dict) and "Chapters" in entry)
+    pages = [next(iter(entry.values())) for entry in chapters]
+    number = lab.removeprefix("ch")
+    assert notebook in pages, f"{notebook} is not in mkdocs.yml's nav"
+    chapter_notebook = next(p for p in pages if p.startswith(f"notebooks/{number}_"))
+    assert pages.index(notebook) == pages.index(chapter_notebook) + 1, f"{notebook} should follow {chapter_notebook}"
+    page = next((root / "docs" / "chapters").glob(f"{number}-*.md"))
+    assert f"../{notebook}" in page.read_text(encoding="utf-8"), f"{page.name} does not link its lab"
