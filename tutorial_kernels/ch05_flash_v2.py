@@ -518,7 +518,7 @@ def flash_attn_v2_with_lse(
 
 def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
     """The configuration the autotuner settled on for these inputs (after a tuned call), for reports."""
-    return TUNED.choice_for(triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal, q.dtype)
+    return TUNED.choice_for(triton.next_power_of_2(max(q.shape[2], k.shape[2])), q.shape[3], causal, dtype=q.dtype)
 
 
 __all__ = ["flash_attn_v2_minimal", "flash_attn_v2", "flash_attn_v2_tuned", "flash_attn_v2_with_lse",

@@ -295,7 +295,7 @@ TUNED_DQ = TunedKernel(
 def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
     """The configurations the autotuner settled on for these inputs (after a tuned backward), for reports."""
     bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
-    chosen = {name: tuned.choice_for(bucket, q.shape[3], causal, q.dtype)
+    chosen = {name: tuned.choice_for(bucket, q.shape[3], causal, dtype=q.dtype)
               for name, tuned in (("dkdv", TUNED_DKDV), ("dq", TUNED_DQ))}
     return {name: c for name, c in chosen.items() if c is not None} or None
 

@@ -107,12 +107,15 @@ class TunedKernel:
                 self._plans_with_descriptors.add(plan)
         self.plans.launch(plan, grid(meta), *args, **constexprs, **meta)
 
-    def choice_for(self, length_bucket: int, head_dim: int, causal: bool, dtype) -> dict | None:
-        """The configuration the autotuner settled on for a key starting (length_bucket, head_dim,
-        causal) with tensors of `dtype`, for reports: its cache key is the `key` arguments in order,
-        then the dtypes of the tensor arguments, the first tensor's first."""
-        prefix = (length_bucket, head_dim, causal)
+    def choice_for(self, *key_prefix, dtype) -> dict | None:
+        """The configuration the autotuner settled on for a key that starts with `key_prefix` (values of
+        this kernel's `key` arguments, in order) with tensors of `dtype`, for reports; None if none yet.
+        Triton's cache key is the `key` arguments in order, then the tensor arguments' dtypes, the first
+        tensor's first."""
+        n_keys = len(self.autotuner.keys)
+        if len(key_prefix) > n_keys:
+            raise ValueError(f"key_prefix has {len(key_prefix)} values, but the key has {n_keys}: {self.autotuner.keys}")
         for key, config in self.autotuner.cache.items():
-            if key[:3] == prefix and key[len(self.autotuner.keys)] == str(dtype):
+            if tuple(key[:len(key_prefix)]) == key_prefix and key[n_keys] == str(dtype):
                 return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
         return None

@@ -20,6 +20,7 @@ from tutorial_kernels.ch05_flash_v2 import (
     flash_attn_v2_tuned,
     flash_attn_v2_with_lse,
     teaching_config,
+    tuned_choice,
 )
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores
 from tutorial_kernels.runtime import interpreter_active
@@ -74,6 +75,11 @@ def test_tuned_launcher_reuses_the_autotuners_choice(with_lse):
     assert len(new_keys) <= 1  # a key tuned by an earlier test is reused, not tuned again
     key = next(k for k in TUNED.choices if k[:3] == (64, 48, True) and k[-1] == with_lse)
     assert TUNED.choices[key] in TUNED.autotuner.cache.values()  # the autotuner's own object
+    reported = tuned_choice(x.q, x.k, x.v, causal=True)  # what reports print: the same choice
+    assert reported is not None and reported["BLOCK_M"] == TUNED.choices[key].kwargs["BLOCK_M"]
+    assert TUNED.choice_for(64, 48, True, dtype=torch.float64) is None  # a dtype never tuned for
+    with pytest.raises(ValueError, match="key_prefix has 9 values"):
+        TUNED.choice_for(*range(9), dtype=torch.float16)
     with mock.patch.object(TUNED.autotuner, "run", side_effect=AssertionError("asked the autotuner again")):
         second = launch(x.q, x.k, x.v, True, **kwargs)
     first, (second, lse) = (first[0], second) if with_lse else (first, (second, None))
