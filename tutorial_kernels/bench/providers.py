@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from tutorial_kernels import attention
 from tutorial_kernels import ch01_gpu_hierarchy as ch01
 from tutorial_kernels import ch02_naive_attention as ch02
 from tutorial_kernels import ch03_tiling_online_softmax as ch03
@@ -63,6 +64,8 @@ PROVIDERS: dict[str, Provider] = {
                                         partial(ch05.flash_attn_v2_tuned, descriptors=False)),
     "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)", ch07_hopper.flash_attn_hopper),
     # differentiable attention (TrainingShape): fn(q, k, v, causal) with autograd
+    "front-door": Provider("tutorial_kernels.flash_attention (the front door)",
+                           lambda q, k, v, causal: attention.flash_attention(q, k, v, causal)),
     "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", partial(ch06.flash_attention, tuned=True),
                                 config=ch06.tuned_backward_choice),
     # matmul: fn(a, b)

@@ -40,6 +40,7 @@ from tutorial_kernels.figures.tables import Table
 PROVIDER_COLOURS = {
     "flash-v2-tuned": "#d62728",
     "flash-attention": "#d62728",
+    "front-door": "#a50f15",
     "flash-v2-tuned-pointers": "#ff9896",
     "flash-v2-hopper": "#e377c2",
     "flash-v2-triton": "#ff7f0e",
@@ -71,7 +72,7 @@ CEILING_LINE = dict(color="black", dash="dot", width=1.5)  # a measured ceiling 
 
 # Our kernels first (best first), then torch's; a provider not listed goes last, in file order.
 PROVIDER_ORDER = [
-    "flash-v2-tuned", "flash-attention", "flash-v2-tuned-pointers", "flash-v2-hopper", "flash-v2-triton",
+    "front-door", "flash-v2-tuned", "flash-attention", "flash-v2-tuned-pointers", "flash-v2-hopper", "flash-v2-triton",
     "flash-v1-triton", "online-triton", "naive-triton",
     "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-default", "sdpa-math", "eager",
 ]
