@@ -1,0 +1,489 @@
+"""Lab 6: write the backward pass's Δ and the dQ kernel's inner update (chapter 6).
+
+The lab gives two kernels: `_lab_delta_kernel` (chapter 6's preprocess kernel, one head at a time) and
+`_lab_dq_kernel` (chapter 6's dQ kernel: one program per query tile, a loop over key tiles in the
+forward's two causal stages, dQ = τ · Σ_j dS_j K_j stored at the end). The learner writes the three
+`@triton.jit` helpers they call, one step each:
+
+    ch06.delta       Δ_i = rowsum(dO_i ∘ O_i), one float32 number per query row
+    ch06.recompute_p P = exp(τ S − lse) from the saved log-sum-exp (log₂ units), 0 where the mask hides a key
+    ch06.dq          dP = dO Vᵀ, dS = P ∘ (dP − Δ), dQ ← dQ + dS K
+
+Each step has a skeleton (`*_skeleton`: placeholders that fail the grader) and its solution (the
+chapter's own lines: `_attn_bwd_preprocess_kernel`'s Δ and `_dq_from_key_tiles`' loop body). The
+gradient steps are graded against float64 autograd of the reference attention, with O, the
+log-sum-exp and Δ given in float64 (rounded as the forward stores them), so that only the step's own
+lines are tested. `tutorial_kernels.labs.check("ch06.<step>", fn)` grades a learner's helper.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import triton
+import triton.language as tl
+
+from tutorial_kernels.labs.steps import DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, draw, sm_scale
+from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.reference import (
+    causal_mask, reference_attention, reference_log_sum_exp, reference_scores, relative_error)
+from tutorial_kernels.tiling import LOG2_E, causal_key_stages, head_dim_block, key_stages, to_log2_units
+from tutorial_kernels.tolerances import grad_tolerance, tolerance
+
+NOTEBOOK = "06_backward_lab.ipynb"  # in notebooks/labs/: starts from this module's skeletons
+BLOCK_M = 16  # small tiles: 70 queries or keys are five tiles, the last one ragged
+BLOCK_N = 16
+# One query against 17 keys, not one against one: with a single key P = 1 and dQ = 0 whatever the lines.
+# The square case comes first: there a strict causal mask (c < r) already fails, and alignment does not.
+DQ_LENGTHS = ((17, 17), (1, 17), (70, 70), (17, 70), (70, 17))
+SEED = 2206  # the inputs of case i are drawn from SEED + i: every report can be replayed
+
+
+# --- the kernels the lab provides --------------------------------------------------------------------
+
+@triton.jit
+def _lab_delta_kernel(
+    o_ptr, do_ptr, delta_ptr, stride_oh, stride_om, stride_doh, stride_dom, n_q, head_dim,
+    DELTA: tl.constexpr,  # the learner's helper
+    BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    """One program: Δ of query rows [start_m, start_m + BLOCK_M) of one head (contiguous head_dim)."""
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask = (offs_m[:, None] < n_q) & (offs_d[None, :] < head_dim)  # padded rows and columns load 0
+    o = tl.load(o_ptr + head * stride_oh + offs_m[:, None] * stride_om + offs_d[None, :], mask=mask, other=0.0)
+    do = tl.load(do_ptr + head * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=mask, other=0.0)
+    delta = DELTA(o, do)
+    tl.store(delta_ptr + head * n_q + offs_m, delta, mask=offs_m < n_q)
+
+
+@triton.jit
+def _lab_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    stride_qh, stride_qm, stride_kh, stride_kn, stride_vh, stride_vn, stride_doh, stride_dom,
+    stride_dqh, stride_dqm,
+    n_q, n_k, head_dim, sm_scale, qk_scale,
+    RECOMPUTE_P: tl.constexpr, UPDATE: tl.constexpr,  # the learner's helpers
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """One program: dQ of query rows [start_m, start_m + BLOCK_M) of one head; the only writer of them."""
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1).to(tl.int64)
+    offs_m = start_m + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    m_ok = offs_m < n_q
+    d_ok = offs_d < head_dim
+    qd_mask = m_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + head * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :], mask=qd_mask, other=0.0)
+    do = tl.load(do_ptr + head * stride_doh + offs_m[:, None] * stride_dom + offs_d[None, :], mask=qd_mask, other=0.0)
+    lse = tl.load(lse_ptr + head * n_q + offs_m, mask=m_ok, other=float("inf"))
+    lse2 = tl.where(lse == float("-inf"), float("inf"), to_log2_units(lse))  # P = 0 for unseeing rows
+    delta = tl.load(delta_ptr + head * n_q + offs_m, mask=m_ok, other=0.0)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    if CAUSAL:  # the forward's two stages (chapter 5): whole visible tiles, then the diagonal's tiles
+        unmasked_end, masked_end = causal_key_stages(start_m, n_q, n_k, BLOCK_M, BLOCK_N)
+    else:
+        unmasked_end = n_k  # no causal mask; keys past n_k load K = V = 0 and add 0
+        masked_end = n_k
+    for start_n in range(0, masked_end, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        kv_mask = (offs_n[:, None] < n_k) & d_ok[None, :]
+        k = tl.load(k_ptr + head * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + head * stride_vh + offs_n[:, None] * stride_vn + offs_d[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # S = Q K_jᵀ, (BLOCK_M, BLOCK_N), float32
+        if start_n < unmasked_end:
+            p = RECOMPUTE_P(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, False)
+        else:
+            p = RECOMPUTE_P(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, True)
+        dq = UPDATE(dq, p, do, k, v, delta, DOT_PRECISION)
+    dq = dq * sm_scale  # dQ = τ dS K: τ once, at the end
+    tl.store(dq_ptr + head * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],
+             dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)
+
+
+def lab_delta(o: torch.Tensor, do: torch.Tensor, delta=None) -> torch.Tensor:
+    """Δ (1, H, n_q), float32, for o and do (1, H, n_q, d), through the lab's kernel with the given helper
+    (the solution where None)."""
+    o, do = (t[0].contiguous() for t in (o, do))  # (H, n_q, d)
+    heads, n_q, head_dim = o.shape
+    out = torch.full((heads, n_q), float("nan"), dtype=torch.float32, device=o.device)  # unwritten rows stay NaN
+    _lab_delta_kernel[(triton.cdiv(n_q, BLOCK_M), heads)](
+        o, do, out, o.stride(0), o.stride(1), do.stride(0), do.stride(1), n_q, head_dim,
+        DELTA=delta or delta_rows, BLOCK_M=BLOCK_M, BLOCK_D=head_dim_block(head_dim))
+    return out[None]
+
+
+def lab_dq(q, k, v, do, lse, delta, causal: bool, recompute=None, update=None) -> torch.Tensor:
+    """dQ (1, H, n_q, d) for q, do (1, H, n_q, d), k, v (1, H, n_k, d), lse and Δ (1, H, n_q) float32,
+    through the lab's kernel with the given helpers (the solutions where None)."""
+    q, k, v, do = (t[0].contiguous() for t in (q, k, v, do))
+    lse, delta = (t[0].float().contiguous() for t in (lse, delta))
+    heads, n_q, head_dim = q.shape
+    dq = torch.full_like(q, float("nan"))  # poisoned: a row the kernel never writes stays NaN
+    _lab_dq_kernel[(triton.cdiv(n_q, BLOCK_M), heads)](
+        q, k, v, do, lse, delta, dq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        do.stride(0), do.stride(1), dq.stride(0), dq.stride(1), n_q, k.shape[1], head_dim,
+        head_dim ** -0.5, head_dim ** -0.5 * LOG2_E,
+        RECOMPUTE_P=recompute or recompute_p, UPDATE=update or dq_update, CAUSAL=causal,
+        BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(head_dim), DOT_PRECISION=dot_precision(q.dtype))
+    return dq[None]
+
+
+# --- grading gradients: the cases' inputs, the float64 answers, the report ---------------------------
+
+@dataclass
+class GradAttempt:
+    """The learner's output on one case, with what a detector needs: the inputs, what the forward
+    saved (O in the input dtype, lse and Δ in float32) and the float64 answer."""
+
+    case: AttentionCase
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    do: torch.Tensor
+    o: torch.Tensor
+    lse: torch.Tensor
+    delta: torch.Tensor
+    got: torch.Tensor
+    expected: torch.Tensor
+    bound: float  # the dtype's tolerance for this quantity
+
+    def matches(self, wrong: torch.Tensor) -> bool:
+        """Whether the output is, within the dtype's tolerance, this wrong answer."""
+        return bool(torch.isfinite(self.got).all()) and relative_error(self.got, wrong) <= 3 * self.bound
+
+
+def draw_backward(case: AttentionCase, seed: int) -> dict[str, torch.Tensor]:
+    """Fresh random q, k, v and dO, and what the forward would have saved: O (rounded to the dtype), the
+    log-sum-exp (float32, −∞ for a query that sees no key) and Δ = rowsum(dO ∘ O) (float32)."""
+    q, k, v = draw(case, seed)
+    gen = torch.Generator(device=q.device).manual_seed(seed + 10_000)
+    do = torch.randn(q.shape, generator=gen, device=q.device).to(case.dtype)
+    o = reference_attention(q, k, v, case.causal).to(case.dtype)
+    lse = reference_log_sum_exp(reference_scores(q, k, case.causal)).float()
+    delta = (do.float() * o.float()).sum(dim=-1)
+    return dict(q=q, k=k, v=v, do=do, o=o, lse=lse, delta=delta)
+
+
+def dq_autograd64(q, k, v, do, causal: bool) -> torch.Tensor:
+    """dQ of the float64 reference attention for the upstream gradient dO: the answer."""
+    q64 = q.detach().double().requires_grad_()
+    reference_attention(q64, k.double(), v.double(), causal).backward(do.double())
+    return q64.grad
+
+
+def staged_visibility(n_q: int, n_k: int, masked_stage: torch.Tensor) -> torch.Tensor:
+    """The (n_q, n_k) keys the lab's causal dQ kernel lets each query see when its masked stage applies
+    `masked_stage`: keys before the tile's unmasked_end all, then `masked_stage` up to masked_end."""
+    visible = torch.zeros(n_q, n_k, dtype=torch.bool, device=masked_stage.device)
+    for start_m in range(0, n_q, BLOCK_M):
+        unmasked_end, masked_end = key_stages(start_m, n_q, n_k, BLOCK_M, BLOCK_N)
+        rows = slice(start_m, start_m + BLOCK_M)
+        visible[rows, :unmasked_end] = True
+        visible[rows, unmasked_end:masked_end] = masked_stage[rows, unmasked_end:masked_end]
+    return visible
+
+
+def visited(a: GradAttempt) -> torch.Tensor:
+    """The (n_q, n_k) pairs the dQ kernel visits at all: every key without CAUSAL; with it, the keys
+    before each query tile's masked_end."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    everything = torch.ones(n_q, n_k, dtype=torch.bool, device=a.q.device)
+    return staged_visibility(n_q, n_k, everything) if a.case.causal else everything
+
+
+def p64(a: GradAttempt, visible: torch.Tensor | None = None, *, score_scale: float | None = None,
+        lse_scale: float = LOG2_E, base: float = 2.0) -> torch.Tensor:
+    """P = base^(score_scale · Q Kᵀ − lse_scale · lse) in float64, 0 where not `visible` (the true causal
+    mask where None) and for queries that see no key. The defaults give the right P; each mistake of
+    the recompute step is one argument changed."""
+    score_scale = sm_scale(a.case) * LOG2_E if score_scale is None else score_scale
+    if visible is None:
+        visible = (causal_mask(a.case.n_q, a.case.n_k, a.q.device) if a.case.causal
+                   else torch.ones(a.case.n_q, a.case.n_k, dtype=torch.bool, device=a.q.device))
+    lse = a.lse.double()[..., None]
+    x = (a.q.double() @ a.k.double().transpose(-2, -1)) * score_scale - lse_scale * torch.where(
+        torch.isfinite(lse), lse, 0.0)
+    p = torch.pow(base, x)
+    return torch.where(visible & torch.isfinite(lse), p, 0.0)
+
+
+def dq64(a: GradAttempt, p: torch.Tensor | None = None, *, dp_from_keys: bool = False, subtract_delta: bool = True,
+         times_p: bool = True, with_values: bool = False) -> torch.Tensor:
+    """dQ = τ · (P ∘ (dO Vᵀ − Δ)) K in float64 from `p` (the right P where None); each mistake of the
+    dQ step is one argument changed."""
+    p = p64(a) if p is None else p
+    k, v, do = a.k.double(), a.v.double(), a.do.double()
+    dp = do @ (k if dp_from_keys else v).transpose(-2, -1)
+    centred = dp - a.delta.double()[..., None] if subtract_delta else dp
+    ds = p * centred if times_p else torch.where(visited(a), centred, 0.0)
+    return sm_scale(a.case) * ds @ (v if with_values else k)
+
+
+def describe(got: torch.Tensor, expected: torch.Tensor, bound: float, what: str,
+             axes: tuple[str, ...] = ("head", "query row", "column")) -> str | None:
+    """None when `got` is within `bound` (‖got − expected‖ / ‖expected‖) of `expected`; else where and by
+    how much it is wrong. `got` is (1, *axes)."""
+    err = relative_error(got, expected)
+    if err <= bound:
+        return None
+    got64, exp64 = got.double().cpu()[0], expected.double().cpu()[0]
+    diff = (got64 - exp64).abs()
+    bad = ~torch.isfinite(got64) | (diff > 10 * bound * max(1.0, exp64.abs().max().item()))
+    index = tuple(bad.nonzero()[0].tolist()) if bad.any() else tuple(torch.unravel_index(diff.argmax(), diff.shape))
+    where = ", ".join(f"{axis} {int(i)}" for axis, i in zip(axes, index))
+    lines = [f"relative error of {what} {err:.2e} > {bound:.0e} allowed for this dtype",
+             f"first wrong element: {where}: expected {exp64[index].item():+.5f}, got {got64[index].item():+.5f}"]
+    broken = int((~torch.isfinite(got64)).sum())
+    if broken:
+        lines.append(f"{broken} elements hold NaN or ±inf")
+    return "\n".join(lines)
+
+
+def grade_backward(run: Callable[[AttentionCase, dict], torch.Tensor],
+                   answer: Callable[[AttentionCase, dict], torch.Tensor], bound: Callable[[torch.dtype], float],
+                   cases: list[AttentionCase], mistakes: tuple[Mistake, ...], generic_hint: str, what: str,
+                   axes: tuple[str, ...]) -> tuple[int, int, Failure | None]:
+    """Run `run(case, inputs)` on every case in order against `answer(case, inputs)`; (cases passed,
+    cases, the first failure or None), the failure with the hints of the mistakes it looks like."""
+    for i, case in enumerate(cases):
+        x = draw_backward(case, SEED + i)
+        expected = answer(case, x)
+        try:
+            got = run(case, x)
+        except Exception as exc:  # the learner's code did not compile or run: say what Triton said
+            message = str(exc).strip().splitlines()
+            return i, len(cases), Failure(str(case), f"the kernel raised {type(exc).__name__}: "
+                                          + (message[-1] if message else ""), [generic_hint])
+        detail = describe(got, expected, bound(case.dtype), what, axes)
+        if detail is None:
+            continue
+        attempt = GradAttempt(case, **x, got=got, expected=expected, bound=bound(case.dtype))
+        hints = [m.hint for m in mistakes if _detects(m, attempt)]
+        return i, len(cases), Failure(str(case), detail, hints or [generic_hint])
+    return len(cases), len(cases), None
+
+
+def _detects(mistake: Mistake, attempt: GradAttempt) -> bool:
+    try:
+        return bool(mistake.detect(attempt))
+    except Exception:  # a detector that cannot judge this output recognises nothing
+        return False
+
+
+def _all_zero(a: GradAttempt) -> bool:
+    return bool(torch.isfinite(a.got).all()) and bool(a.got.abs().max() == 0) and bool(a.expected.abs().max() > 0)
+
+
+# --- step 1: Δ ---------------------------------------------------------------------------------------
+
+@triton.jit
+def delta_rows_skeleton(o, do):
+    """o, do: (BLOCK_M, BLOCK_D) tiles of the output O and its gradient dO, in the input dtype (zeros in
+    padded rows and columns). Return Δ: (BLOCK_M,) float32, Δ_i = Σ_d dO_id · O_id."""
+    # TODO: delta = ...   multiply elementwise in float32 (.to(tl.float32)), then sum each row (axis=1)
+    delta = tl.zeros([o.shape[0]], tl.float32)
+    return delta
+
+
+@triton.jit
+def delta_rows(o, do):
+    """The solution: `_attn_bwd_preprocess_kernel`'s Δ."""
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)  # Δ = rowsum(dO ∘ O), float32
+    return delta
+
+
+def _rowsum_of(name: str):
+    def detect(a: GradAttempt) -> bool:
+        return a.matches(getattr(a, name).double().sum(dim=-1))
+    return detect
+
+
+DELTA_MISTAKES = (
+    Mistake("unchanged", "Every Δ came out as 0: the skeleton's placeholder. Δ_i is the dot product of row i of "
+            "dO with row i of O.", _all_zero),
+    Mistake("rowsum_do", "Your Δ is rowsum(dO): multiply by O first. Δ_i = Σ_j P_ij dP_ij, which equals Σ_d "
+            "dO_id O_id because dP = dO Vᵀ and O = P V: Δ = rowsum(dO ∘ O).", _rowsum_of("do")),
+    Mistake("rowsum_o", "Your Δ is rowsum(O): multiply by dO first. Δ = rowsum(dO ∘ O), the elementwise "
+            "product summed over the head dimension.", _rowsum_of("o")),
+)
+
+
+def _grade_delta(fn) -> tuple[int, int, Failure | None]:
+    return grade_backward(lambda c, x: lab_delta(x["o"], x["do"], delta=fn),
+                          lambda c, x: (x["do"].double() * x["o"].double()).sum(dim=-1), tolerance,
+                          attention_cases(), DELTA_MISTAKES,
+                          "Δ must be one float32 number per query row, a (BLOCK_M,) vector: the elementwise "
+                          "product of dO and O, summed along axis=1.", "Δ", ("head", "query row"))
+
+
+# --- step 2: recompute P ------------------------------------------------------------------------------
+
+@triton.jit
+def recompute_p_skeleton(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, MASKED: tl.constexpr):
+    """s: (BLOCK_M, BLOCK_N) raw scores Q K_jᵀ of query rows offs_m against keys offs_n (float32);
+    lse2: (BLOCK_M,) each row's log-sum-exp in log₂ units (lse · log₂e; +∞ for a row that sees no key);
+    qk_scale = τ · log₂e. Return P = 2^(s · qk_scale − lse2), and, if MASKED, 0 where query r may not see
+    key c (bottom-right causal: c ≤ r + (n_k − n_q))."""
+    # TODO: p = ...          exp2 of the scaled score minus the row's lse2 (broadcast: lse2[:, None])
+    # TODO: if MASKED:
+    # TODO:     visible = ...  the causal condition, (BLOCK_M, BLOCK_N)
+    # TODO:     p = ...        tl.where(visible, p, ...): a hidden key has probability 0
+    p = s * 0.0
+    return p
+
+
+@triton.jit
+def recompute_p(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, MASKED: tl.constexpr):
+    """The solution: `_dq_from_key_tiles`' recomputation of P."""
+    p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}
+    if MASKED:
+        visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
+        p = tl.where(visible, p, 0.0)
+    return p
+
+
+def _with_p(**p_args):
+    """The dQ a kernel computes from the P that `p64(**p_args)` describes."""
+    return lambda a: a.matches(dq64(a, p64(a, **p_args)))
+
+
+def _masked_stage(strict: bool = False, offset: bool = True, everything: bool = False):
+    """dQ when the masked stage hides keys by another rule than c ≤ r + (n_k − n_q)."""
+    def detect(a: GradAttempt) -> bool:
+        n_q, n_k = a.case.n_q, a.case.n_k
+        rows = torch.arange(n_q, device=a.q.device)[:, None]
+        cols = torch.arange(n_k, device=a.q.device)[None, :]
+        last = rows + (n_k - n_q if offset else 0)
+        rule = torch.ones(n_q, n_k, dtype=torch.bool, device=a.q.device) if everything else (
+            cols < last if strict else cols <= last)
+        return a.case.causal and a.matches(dq64(a, p64(a, staged_visibility(n_q, n_k, rule))))
+    return detect
+
+
+RECOMPUTE_MISTAKES = (
+    Mistake("unchanged", "dQ came out as zeros: P is still the skeleton's 0. Recompute it: "
+            "p = tl.math.exp2(s * qk_scale - lse2[:, None]).", _all_zero),
+    Mistake("exp", "Your P is e^{log₂e · (τS − lse)}: both s · qk_scale and lse2 are in log₂ units (log₂e folded "
+            "in), so use tl.math.exp2, not tl.exp.", _with_p(base=math.e)),
+    Mistake("no_scale", "Your P is 2^(S − lse2): the raw scores need the scale. The forward's softmax is of τ·S, "
+            "so P = 2^(s · qk_scale − lse2) with qk_scale = τ · log₂e.", _with_p(score_scale=1.0)),
+    Mistake("lse_units", "Your P subtracts the log-sum-exp in natural units from scores in log₂ units: both must "
+            "be in the same units. Use lse2 (lse · log₂e), which the kernel passes you.",
+            _with_p(lse_scale=1.0)),
+    Mistake("no_mask", "Causal dQ is wrong: in the masked stage, P must be 0 above the diagonal. The saved lse "
+            "normalises only the keys a query sees, so recomputing P does not hide the others by itself: "
+            "with MASKED, p = tl.where(visible, p, 0.0).", _masked_stage(everything=True)),
+    Mistake("alignment", "The causal mask is aligned top-left (c ≤ r), right only when n_q = n_k. The forward "
+            "aligned it bottom-right: key c is visible to query r when c ≤ r + (n_k − n_q).",
+            _masked_stage(offset=False)),
+    # only on a square case: one query against 17 keys masks key 16 in both ways, and a strict mask
+    # fails on (17, 17), the first causal case, before it gets there
+    Mistake("off_by_one", "Each query sees its own diagonal key: c ≤ r + (n_k − n_q), not <.",
+            lambda a: a.case.n_q == a.case.n_k and _masked_stage(strict=True)(a)),
+    Mistake("fill", "dQ holds NaN or ±inf: a hidden key's P must be 0.0, a probability, not −∞ (P is already "
+            "exponentiated, and −∞ · 0 is NaN in dS).",
+            lambda a: a.case.causal and not bool(torch.isfinite(a.got).all())),
+)
+
+
+def _run_dq(recompute=None, update=None):
+    return lambda c, x: lab_dq(x["q"], x["k"], x["v"], x["do"], x["lse"], x["delta"], c.causal,
+                               recompute=recompute, update=update)
+
+
+def dq_cases() -> list[AttentionCase]:
+    """`attention_cases`' order (non-causal before causal, float32 before float16) over DQ_LENGTHS."""
+    return [AttentionCase(n_q, n_k, c, dtype) for dtype in DTYPES for c in (False, True) for n_q, n_k in DQ_LENGTHS]
+
+
+def _dq_answer(c: AttentionCase, x: dict) -> torch.Tensor:
+    return dq_autograd64(x["q"], x["k"], x["v"], x["do"], c.causal)
+
+
+def _grade_recompute(fn) -> tuple[int, int, Failure | None]:
+    return grade_backward(_run_dq(recompute=fn), _dq_answer, grad_tolerance, dq_cases(), RECOMPUTE_MISTAKES,
+                          "Write P from the equation: 2^(s · qk_scale − lse2), the row's lse2 broadcast over the "
+                          "keys; with MASKED, 0 where c > r + (n_k − n_q).", "dQ",
+                          ("head", "query row", "column"))
+
+
+# --- step 3: the dQ update ----------------------------------------------------------------------------
+
+@triton.jit
+def dq_update_skeleton(dq, p, do, k, v, delta, DOT_PRECISION: tl.constexpr):
+    """Add one key tile to dQ_i. p: (BLOCK_M, BLOCK_N) the recomputed P (float32); do: (BLOCK_M, BLOCK_D) dO_i;
+    k, v: (BLOCK_N, BLOCK_D) K_j and V_j; delta: (BLOCK_M,) Δ_i; dq: (BLOCK_M, BLOCK_D) float32. Products
+    take the input dtype: cast ds with .to(k.dtype). DOT_PRECISION: pass it to tl.dot as input_precision.
+    Return dq + dS K_j (the kernel multiplies by τ once, at the end)."""
+    # TODO: dp = ...   dP = dO_i V_jᵀ: tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    # TODO: ds = ...   dS = P ∘ (dP − Δ): Δ is one number per row, delta[:, None]
+    # TODO: dq = ...   dQ_i + dS K_j: tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def dq_update(dq, p, do, k, v, delta, DOT_PRECISION: tl.constexpr):
+    """The solution: `_dq_from_key_tiles`' update."""
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO_i V_jᵀ
+    ds = p * (dp - delta[:, None])  # dS = P ∘ (dP − Δ)
+    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)  # dQ_i ← dQ_i + dS K_j  (τ: at the end)
+    return dq
+
+
+def _delta_as_columns(a: GradAttempt) -> bool:
+    """dS = P ∘ (dP − Δ laid out along the keys): in the tile of rows [start_m, start_m + BLOCK_M), key c
+    gets Δ of row start_m + c mod BLOCK_N (0 past n_q, where the kernel loads 0)."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    padded = torch.nn.functional.pad(a.delta.double(), (0, BLOCK_M))  # Δ of rows past n_q: 0
+    rows = torch.arange(n_q, device=a.q.device)[:, None] // BLOCK_M * BLOCK_M
+    cols = torch.arange(n_k, device=a.q.device)[None, :] % BLOCK_N
+    shifted = padded[..., rows + cols]  # (1, H, n_q, n_k)
+    dp = a.do.double() @ a.v.double().transpose(-2, -1)
+    return a.matches(sm_scale(a.case) * (p64(a) * (dp - shifted)) @ a.k.double())
+
+
+def _dq_mistake(**kw):
+    return lambda a: a.matches(dq64(a, **kw))
+
+
+UPDATE_MISTAKES = (
+    Mistake("unchanged", "dQ came out as zeros: your function returns dq unchanged. Add this tile's dS K_j and "
+            "return the sum.", _all_zero),
+    Mistake("no_delta", "Your dS is P ∘ dP: subtract Δ. The softmax's Jacobian gives dS_ij = P_ij (dP_ij − Δ_i), "
+            "with Δ_i = Σ_j P_ij dP_ij: ds = p * (dp - delta[:, None]).", _dq_mistake(subtract_delta=False)),
+    Mistake("no_p", "Your dS is dP − Δ without P: multiply by P. dS = P ∘ (dP − Δ), elementwise, so keys a "
+            "query does not see (P = 0) add nothing.", _dq_mistake(times_p=False)),
+    Mistake("dp_keys", "Your dP is dO Kᵀ: dP is the gradient of P in O = P V, so dP = dO Vᵀ: "
+            "tl.dot(do, tl.trans(v), ...).", _dq_mistake(dp_from_keys=True)),
+    Mistake("values", "Your dQ adds dS V: S = τ Q Kᵀ, so dQ = τ dS K. The last product takes k: "
+            "tl.dot(ds.to(k.dtype), k, dq, ...).", _dq_mistake(with_values=True)),
+    Mistake("broadcast", "Your dS subtracts Δ along the wrong axis: delta[None, :] lays the rows' Δ out as columns "
+            "(it runs because BLOCK_M = BLOCK_N). Δ_i belongs to query row i: delta[:, None].", _delta_as_columns),
+)
+
+
+def _grade_update(fn) -> tuple[int, int, Failure | None]:
+    return grade_backward(_run_dq(update=fn), _dq_answer, grad_tolerance, dq_cases(), UPDATE_MISTAKES,
+                          "Write the update from the equations: dP = dO Vᵀ, then dS = P ∘ (dP − Δ), then "
+                          "dq + dS K. Shapes: p, dp, ds (BLOCK_M, BLOCK_N); do, dq (BLOCK_M, BLOCK_D); k, v "
+                          "(BLOCK_N, BLOCK_D).", "dQ", ("head", "query row", "column"))
+
+
+STEPS = {
+    "delta": Step("ch06.delta", "Δ = rowsum(dO ∘ O), one number per query row", _grade_delta,
+                  delta_rows_skeleton, delta_rows, DELTA_MISTAKES),
+    "recompute_p": Step("ch06.recompute_p", "recompute P from the saved log-sum-exp, masked", _grade_recompute,
+                        recompute_p_skeleton, recompute_p, RECOMPUTE_MISTAKES),
+    "dq": Step("ch06.dq", "dP, dS and one key tile's share of dQ", _grade_update,
+               dq_update_skeleton, dq_update, UPDATE_MISTAKES),
+}
+
+__all__ = ["STEPS", "lab_delta", "lab_dq", "delta_rows", "delta_rows_skeleton", "recompute_p",
+           "recompute_p_skeleton", "dq_update", "dq_update_skeleton", "draw_backward", "dq_autograd64"]
