@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from tutorial_kernels.figures.ratios import (
     BAR_MIN_N,
     BARS,
+    FRONT_DOOR_PASSES,
     HOW_TO_READ,
     PASSES,
     below_bar,
@@ -301,6 +302,36 @@ def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
         ff=BARS[("forward", "sdpa-flash")], bc=BARS[("backward", "sdpa-cudnn")], bf=BARS[("backward", "sdpa-flash")])
     notes = [HOW_TO_READ, bars] + [n for n in (_missing_note(passes), _partial_note(passes)) if n]
     return Tabs(tabs, title="Our best kernel as a multiple of torch's cuDNN and flash backends (ratio of TFLOP/s)",
+                subtitle=short_line([p for data in passes.values() for p in file_runs(data)]), notes=notes,
+                provenance=[line for p, data in passes.items() for line in file_lines(data, p)],
+                only=f"only the cells below a bar ({', '.join(failing)})")
+
+
+@figure("bench-front-door")
+def bench_front_door(fwd: dict | bool | None = None, bwd: dict | bool | None = None) -> Tabs:
+    """`tutorial_kernels.flash_attention`, as a model calls it, as a multiple of torch's cuDNN and flash
+    backends, cell by cell: one table per pass, the front door's bars flagged (`BARS`, at N ≥ `BAR_MIN_N`).
+    Reads data/front_door_fwd.json and data/front_door_bwd.json (`python -m tutorial_kernels.bench
+    front-door-fwd`, `front-door-bwd`); draws the passes that have a file."""
+    given = {"front door, forward": fwd, "front door, backward": bwd}
+    passes = {p: data for p, v in FRONT_DOOR_PASSES.items()
+              if (data := load_optional(v["file"], given[p])) is not None}
+    if not passes:
+        raise FileNotFoundError("neither data/front_door_fwd.json nor data/front_door_bwd.json exists")
+    tabs, failing = [], []
+    for p, data in passes.items():
+        rows = ratio_rows(data, p)
+        failing.append(f"{p}: {sum(below_bar(r, FRONT_DOOR_PASSES[p]['ours']) for r in rows)}")
+        tabs.append((f"{p.removeprefix('front door, ')} ({len(rows)} cells)", ratio_table(data, p, rows)))
+    f = BARS[("front door, forward", "sdpa-cudnn")]
+    bars = (f"Bars (at N ≥ {BAR_MIN_N}): forward ≥ {f[64]:.2f}× cuDNN at d = 64, ≥ {f[128]:.2f}× at d = 128; "
+            f"backward ≥ {BARS[('front door, backward', 'sdpa-cudnn')]:.2f}× cuDNN. Torch's flash backend "
+            "has no bar here.")
+    missing = "; ".join(f"{p} not measured yet (<i>python -m tutorial_kernels.bench {v['suite']}</i>)"
+                        for p, v in FRONT_DOOR_PASSES.items() if p not in passes)
+    notes = [HOW_TO_READ, bars] + [n for n in (missing, _partial_note(passes)) if n]
+    return Tabs(tabs, title="tutorial_kernels.flash_attention as a multiple of torch's cuDNN and flash backends "
+                "(ratio of TFLOP/s)",
                 subtitle=short_line([p for data in passes.values() for p in file_runs(data)]), notes=notes,
                 provenance=[line for p, data in passes.items() for line in file_lines(data, p)],
                 only=f"only the cells below a bar ({', '.join(failing)})")

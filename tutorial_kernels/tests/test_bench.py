@@ -110,3 +110,20 @@ def test_measure_subset_on_the_gpu():
     assert {r["provider_key"] for r in result["results"]} == set(SUITES["ch02-rocm"].providers)
     for row in result["results"]:
         assert row["status"] == "ok" and row["rel_err_head0"] < MAX_BENCH_ERROR["float16"], row
+
+
+def test_the_front_door_ratios_flag_the_cells_below_its_bars():
+    pytest.importorskip("plotly")  # the figures package draws with plotly
+    from tutorial_kernels.figures.ratios import below_bar, ratio_rows
+
+    def row(provider, d, n, tflops):
+        return dict(status="ok", provider_key=provider, head_dim=d, causal=True, dtype="float16", n=n, tflops=tflops)
+
+    data = {"results": [row("front-door", 128, 4096, 99.0), row("sdpa-cudnn", 128, 4096, 100.0),
+                        row("front-door", 128, 1024, 50.0), row("sdpa-cudnn", 128, 1024, 100.0),
+                        row("front-door", 64, 4096, 98.0), row("sdpa-cudnn", 64, 4096, 100.0)]}
+    rows = {(r["head_dim"], r["n"]): r for r in ratio_rows(data, "front door, forward")}
+    assert below_bar(rows[(128, 4096)], "front-door")  # 0.99 < 1.00 at d = 128
+    assert not below_bar(rows[(64, 4096)], "front-door")  # 0.98 meets d = 64's bar
+    assert not below_bar(rows[(128, 1024)], "front-door")  # no bar below N = 4096
+    assert rows[(128, 1024)]["ratios"][("front-door", "sdpa-cudnn")] == 0.5
