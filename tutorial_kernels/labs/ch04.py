@@ -28,6 +28,7 @@ from tutorial_kernels.tiling import causal_query_stages, head_dim_block, query_s
 NOTEBOOK = "04_flash_v1_lab.ipynb"  # in notebooks/labs/: starts from this module's skeletons
 BLOCK_M = 16  # small tiles: 70 keys are five K/V tiles (the last ragged), so O, ℓ, m make five round trips
 BLOCK_N = 16
+SLACK = BLOCK_M  # rows of slack after each state buffer: one query tile
 
 
 # --- the kernel the lab provides ---------------------------------------------------------------------
@@ -88,15 +89,25 @@ def lab_flash_v1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     q, k, v = (t[0].contiguous() for t in (q, k, v))  # (H, n, d)
     o = torch.full_like(q, float("nan"))  # poisoned: a row the kernel never writes stays NaN
     heads, n_q, head_dim = q.shape
-    acc = torch.zeros((heads, n_q, head_dim), dtype=torch.float32, device=q.device)
-    l = torch.zeros((heads, n_q), dtype=torch.float32, device=q.device)
-    m = torch.full((heads, n_q), float("-inf"), dtype=torch.float32, device=q.device)
+    # Each buffer is followed by one query tile of slack: a load or store that forgets its mask touches the
+    # slack (the interpreter would otherwise write over memory it does not own and crash the notebook).
+    acc_all = torch.zeros(heads * n_q * head_dim + SLACK * head_dim, dtype=torch.float32, device=q.device)
+    l_all = torch.zeros(heads * n_q + SLACK, dtype=torch.float32, device=q.device)
+    m_all = torch.full((heads * n_q + SLACK,), float("-inf"), dtype=torch.float32, device=q.device)
+    acc, l, m = (acc_all[:heads * n_q * head_dim].view(heads, n_q, head_dim), l_all[:heads * n_q].view(heads, n_q),
+                 m_all[:heads * n_q].view(heads, n_q))
     _lab_flash_v1_kernel[(heads,)](
         q, k, v, o, acc, l, m, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), n_q, k.shape[1], head_dim, head_dim ** -0.5,
         UPDATE=update or flash_v1_update, ROUND_TRIP=round_trip or round_trip_state,
         CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype))
+    slack_written = [name for name, slack, start in (("O", acc_all[-SLACK * head_dim:], 0.0), ("ℓ", l_all[-SLACK:], 0.0),
+                                                     ("m", m_all[-SLACK:], float("-inf")))
+                     if not (slack == start).all()]
+    if slack_written:
+        raise ValueError(f"a store wrote past the end of {' and '.join(slack_written)} (query rows ≥ n_q of the last "
+                         "tile): mask every store, O's with tile_ok, ℓ's and m's with row_ok")
     return o[None]
 
 
@@ -223,6 +234,10 @@ UPDATE_MISTAKES = (
             "adding the rescaled old O_i and this tile's β P̃ V_j.", _slip(divisions=2)),
     Mistake("exp2", "The rescales are powers of 2, but here the scores are in natural units (τ = 1/√d, no log₂e "
             "folded in, unlike chapter 5): use tl.exp for alpha and beta, as for P̃.", _slip(base=2.0)),
+    Mistake("old_state", "The output is the softmax of each row's LAST key tile alone: the state you return is "
+            "the one you were given, so every key tile starts afresh. Return the new state, "
+            "`return o_i, l_new, m_new` (the skeleton's last line returns l_i and m_i).",
+            _any_slip(dict(write_m=False), dict(write_l=False), dict(write_m=False, write_l=False))),
     Mistake("nan", "Some rows are NaN. A row that has seen only hidden keys has m_new = −∞, and m_i − m_new = "
             "−∞ − (−∞) = NaN: shift by _finite_or_zero(m_new). Its ℓ_new is 0: divide by "
             "tl.where(l_new > 0.0, l_new, 1.0), so that 0 stays 0.", lambda a: bool(torch.isnan(a.got).any())),

@@ -144,6 +144,22 @@ def _update_no_guard(o_i, l_i, m_i, s, v, DOT_PRECISION: tl.constexpr):
     return o_i, l_new, m_new
 
 
+@triton.jit
+def _update_returns_the_old_state(o_i, l_i, m_i, s, v, DOT_PRECISION: tl.constexpr):
+    m_tile = tl.max(s, axis=1)
+    p = tl.exp(s - _finite_or_zero(m_tile)[:, None])
+    l_tile = tl.sum(p, axis=1)
+    m_new = tl.maximum(m_i, m_tile)
+    shift = _finite_or_zero(m_new)
+    alpha = tl.exp(m_i - shift)
+    beta = tl.exp(m_tile - shift)
+    l_new = alpha * l_i + beta * l_tile
+    pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    o_i = (l_i * alpha)[:, None] * o_i + beta[:, None] * pv
+    o_i = o_i / tl.where(l_new > 0.0, l_new, 1.0)[:, None]
+    return o_i, l_i, m_i  # the skeleton's return line, kept
+
+
 # --- planted mistakes in ch04.round_trip ------------------------------------------------------------------
 
 @triton.jit
@@ -200,6 +216,7 @@ PLANTED = [
     ("update", _update_twice, "twice"),
     ("update", _update_exp2, "exp2"),
     ("update", _update_no_guard, "nan"),
+    ("update", _update_returns_the_old_state, "old_state"),
     ("round_trip", _round_trip_no_store_o, "no_store_o"),
     ("round_trip", _round_trip_no_store_m, "stale"),
     ("round_trip", _round_trip_no_store_l, "stale"),
@@ -229,3 +246,23 @@ def test_the_solutions_are_the_chapters_lines():
             code = line.split("#")[0].strip()
             if code and not code.startswith("return") and "UPDATE(" not in code:
                 assert code in chapter, f"{solution.__name__}: {code!r} is not in the chapter's kernel"
+
+
+@triton.jit
+def _round_trip_unmasked_store(acc_head, l_head, m_head, rows, offs_d, row_ok, tile_ok, head_dim, s, v,
+                               UPDATE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    o_i = tl.load(acc_head + rows[:, None] * head_dim + offs_d[None, :], mask=tile_ok, other=0.0)
+    l_i = tl.load(l_head + rows, mask=row_ok, other=0.0)
+    m_i = tl.load(m_head + rows, mask=row_ok, other=float("-inf"))
+    o_i, l_new, m_new = UPDATE(o_i, l_i, m_i, s, v, DOT_PRECISION)
+    tl.store(acc_head + rows[:, None] * head_dim + offs_d[None, :], o_i, mask=tile_ok)
+    tl.store(l_head + rows, l_new, mask=row_ok)
+    tl.store(m_head + rows, m_new)  # no mask: the ragged last tile writes past the end of m
+
+
+def test_a_store_without_its_mask_is_named_not_a_crash():
+    """Through the interpreter an unmasked store past a buffer's end would overwrite memory the process
+    does not own (and kill a notebook's kernel); the lab's buffers carry slack, and the grader says which."""
+    report = check("ch04.round_trip", _round_trip_unmasked_store, quiet=True)
+    assert not report.passed
+    assert "wrote past the end of m" in report.message, report.message
