@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.ch01_gpu_hierarchy import _atomic_sum_kernel, partial_sums_kernel, reduction_error
+from tutorial_kernels.ch01_gpu_hierarchy import (_atomic_sum_kernel, partial_sums_kernel, reduction_error,
+                                                 reduction_passes)
 from tutorial_kernels.labs.steps import DTYPES, Failure, Mistake, Step
 from tutorial_kernels.runtime import default_device
 
@@ -167,6 +168,32 @@ def _unmasked(x64: torch.Tensor, t: slice) -> float:
     return x64[t].sum().item() + (BLOCK - (t.stop - t.start)) * PAD
 
 
+def _one_past(x64: torch.Tensor, t: slice) -> float:
+    """mask=offs <= n: the last tile also reads x[n], the first PAD past the end."""
+    return x64[t].sum().item() + (PAD if t.stop == len(x64) else 0.0)
+
+
+class SlackWritten(ValueError):
+    """A store or atomic wrote past the end of the lab's output buffer (into the slack the lab leaves there, so
+    the interpreter does not write over memory it does not own and kill the process)."""
+
+
+def with_slack(size: int, n: int, fill: float, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a buffer, its first `size` slots): the rest, filled with `fill`, covers every index a program can
+    form from its tile, ⌈n / BLOCK⌉·BLOCK + BLOCK slots, so a store at ptr + offs stays in the buffer."""
+    buffer = torch.full((size + triton.cdiv(n, BLOCK) * BLOCK + BLOCK,), fill, dtype=torch.float32, device=device)
+    return buffer, buffer[:size]
+
+
+def check_slack(buffer: torch.Tensor, size: int, fill: float, name: str, what: str) -> None:
+    slack = buffer[size:]
+    written = ~(torch.isnan(slack) if fill != fill else slack == fill)
+    if bool(written.any()):
+        first = int(written.nonzero()[0])
+        raise SlackWritten(f"a store wrote past the end of {name} ({what}): {int(written.sum())} slots after it "
+                           f"were written, the first at {name}[{size + first}]")
+
+
 def _nonfinite(a: SumAttempt) -> bool:
     return a.got is not None and not bool(torch.isfinite(a.got).all())
 
@@ -200,6 +227,8 @@ NO_MASK_HINT = ("Lanes past n were loaded: the last tile is ragged (n is not a m
 OTHER_HINT = ("The full tiles are right and the ragged last one is wrong: lanes the mask turns off take the value "
               "`other`, and tl.sum adds them with the rest. Use other=0.0, the identity of +; float(\"-inf\") is the "
               "identity of max (a softmax's row maximum), not of a sum.")
+ONE_PAST_HINT = ("The last tile read one element too many, x[n] (here the lab put 100 there): the indices of x run "
+                 "from 0 to n − 1, so index n is already past the end. Mask with offs < n, not offs <= n.")
 OFFSET_HINT = ("Program p's tile starts at p·BLOCK: offs = pid * BLOCK + tl.arange(0, BLOCK). With pid + tl.arange "
                "the tiles overlap (program 1 sums x[1:33]) and most of x is never read.")
 
@@ -222,8 +251,10 @@ partial_sums = partial_sums_kernel  # the solution: the chapter's `partial_sums_
 def block_sums(kernel, x: torch.Tensor) -> torch.Tensor:
     """One launch of `kernel` on x: ⌈n / BLOCK⌉ programs, into float32 partial sums that start as NaN
     (poisoned: a slot the kernel never writes stays NaN)."""
-    partial = torch.full((triton.cdiv(x.numel(), BLOCK),), float("nan"), dtype=torch.float32, device=x.device)
-    kernel[(partial.numel(),)](x, partial, x.numel(), BLOCK=BLOCK)
+    programs = triton.cdiv(x.numel(), BLOCK)
+    buffer, partial = with_slack(programs, x.numel(), float("nan"), x.device)
+    kernel[(programs,)](x, partial, x.numel(), BLOCK=BLOCK)
+    check_slack(buffer, programs, float("nan"), "partial", f"its {programs} slot{'s' * (programs != 1)}, one per program")
     return partial
 
 
@@ -235,9 +266,14 @@ BLOCK_SUM_MISTAKES = (
             "writes partial[pid]: tl.store(partial_ptr + pid, ...).",
             lambda a: a.got is not None and a.got.numel() > 1 and bool(torch.isnan(a.got[1:]).all())
             and bool(torch.isfinite(a.got[0]))),
+    Mistake("past_end", "A store wrote past the end of partial: program pid writes ONE float, the tile's sum, at "
+            "partial_ptr + pid. A store at partial_ptr + offs (the tile's element indices) writes BLOCK places per "
+            "program, most of them past the ⌈n / BLOCK⌉ slots (on a GPU: over other data, or a fault).",
+            lambda a: isinstance(a.error, SlackWritten)),
     Mistake("offset", OFFSET_HINT, lambda a: a.matches(a.sums(True, _overlapping), True)),
     Mistake("no_mask", NO_MASK_HINT, lambda a: a.matches(a.sums(True, _unmasked), True)),
-    Mistake("other", OTHER_HINT, _ragged_tile_wrong),
+    Mistake("one_past", ONE_PAST_HINT, lambda a: a.matches(a.sums(True, _one_past), True)),
+    Mistake("other", OTHER_HINT, lambda a: _ragged_tile_wrong(a) and not a.matches(a.sums(True, _one_past), True)),
     Mistake("float16", FLOAT16_HINT, lambda a: _float16_rounding(a, True)),
 )
 
@@ -360,11 +396,32 @@ TWO_PASS_MISTAKES = (
             _launch_error("partial_dtype")),
     Mistake("endless", "The loop does not stop: each launch leaves ⌈n / BLOCK⌉ values; stop when that is 1 (and "
             "make the next launch's n the partial sums' count).", _launch_error("endless")),
+    Mistake("too_few", "Part of the sum was added outside the kernel (torch's .sum() or a Python loop): the step is "
+            "to add the partial sums by launching the kernel again on them, until one value is left.",
+            _launch_error("too_few")),
+    Mistake("shape", "Return the sum as a float32 0-dim tensor: partial.reshape(()). Launch at least once, even "
+            "when n = 1: a float16 x of one element must come back as float32, not as x itself.",
+            _launch_error("shape")),
 )
 
 
+def _run_two_pass(fn, x: torch.Tensor):
+    """fn's sum, refused when it is not a float32 0-dim tensor or was finished outside the kernel."""
+    kernel = CheckedKernel(x)
+    got = fn(x, kernel, BLOCK)
+    if isinstance(got, torch.Tensor) and (got.dtype != torch.float32 or got.dim() != 0):
+        raise LaunchError("shape", f"expected a float32 0-dim tensor, got {str(got.dtype).removeprefix('torch.')} "
+                          f"of shape {tuple(got.shape)}")
+    needed = len(reduction_passes(x.numel(), BLOCK))
+    if isinstance(got, torch.Tensor) and got.numel() == 1 and kernel.launches < needed \
+            and reduction_error(got.reshape(()), x) <= BOUND:
+        raise LaunchError("too_few", f"the sum is right, but it took {kernel.launches} launch"
+                          f"{'es' * (kernel.launches != 1)} where n = {x.numel()} needs {needed}")
+    return got
+
+
 def _grade_two_pass(fn) -> tuple[int, int, Failure | None]:
-    return grade_sums(lambda case, x: fn(x, CheckedKernel(x), BLOCK), TWO_PASS_MISTAKES,
+    return grade_sums(lambda case, x: _run_two_pass(fn, x), TWO_PASS_MISTAKES,
                       "Write the loop: partial = torch.empty(⌈n / BLOCK⌉, float32); launch ⌈n / BLOCK⌉ programs on "
                       "(values, partial, n); values, n = partial, partial.numel(); stop when n == 1.",
                       per_tile=False)
@@ -386,8 +443,9 @@ atomic_sum = _atomic_sum_kernel  # the solution: the chapter's `_atomic_sum_kern
 
 def atomic_total(kernel, x: torch.Tensor) -> torch.Tensor:
     """One launch of `kernel`: ⌈n / BLOCK⌉ programs adding into a float32 total zeroed first."""
-    total = torch.zeros(1, dtype=torch.float32, device=x.device)
+    buffer, total = with_slack(1, x.numel(), 0.0, x.device)
     kernel[(triton.cdiv(x.numel(), BLOCK),)](x, total, x.numel(), BLOCK=BLOCK)
+    check_slack(buffer, 1, 0.0, "total", "one float")
     return total.reshape(())
 
 
@@ -404,8 +462,12 @@ ATOMIC_MISTAKES = (
     Mistake("store", "The total is one tile's sum: tl.store writes, so each program replaced the total with its own "
             "sum and the last one won. tl.atomic_add reads, adds and writes as one step, so no addition is lost.",
             _one_tile),
+    Mistake("past_end", "An atomic wrote past the end of total, which is ONE float: every program adds its tile's "
+            "sum, a scalar, at total_ptr itself — not at total_ptr + pid (one slot per program, as partial had in "
+            "step 1) nor at total_ptr + offs.", lambda a: isinstance(a.error, SlackWritten)),
     Mistake("offset", OFFSET_HINT, lambda a: a.matches(a.sums(False, _overlapping), False)),
     Mistake("no_mask", NO_MASK_HINT, lambda a: a.matches(a.sums(False, _unmasked), False)),
+    Mistake("one_past", ONE_PAST_HINT, lambda a: a.matches(a.sums(False, _one_past), False)),
     Mistake("other", "The total is NaN or ±inf: lanes the mask turns off take the value `other`, and they are "
             "added with the rest. Use other=0.0, the identity of +.", _nonfinite),
     Mistake("float16", FLOAT16_HINT, lambda a: _float16_rounding(a, False)),

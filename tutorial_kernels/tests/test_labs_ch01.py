@@ -58,6 +58,22 @@ def _block_one_slot(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
     tl.store(partial_ptr, tl.sum(x.to(tl.float32), axis=0))  # + pid forgotten
 
 
+@triton.jit
+def _block_store_tile(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.store(partial_ptr + offs, x.to(tl.float32))  # the tile, past partial's end: the lab's slack takes it
+
+
+@triton.jit
+def _block_one_past(x_ptr, partial_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs <= n, other=0.0)  # reads x[n]
+    tl.store(partial_ptr + pid, tl.sum(x.to(tl.float32), axis=0))
+
+
 # --- step 2: the passes ------------------------------------------------------------------------------
 
 def _one_pass(x, partial_sums_kernel, BLOCK):
@@ -109,6 +125,23 @@ def _half_partials(x, partial_sums_kernel, BLOCK):
             return partial.reshape(()).float()
 
 
+def _torch_finish(x, partial_sums_kernel, BLOCK):
+    n = x.numel()
+    partial = torch.empty(triton.cdiv(n, BLOCK), dtype=torch.float32, device=x.device)
+    partial_sums_kernel[(partial.numel(),)](x, partial, n, BLOCK=BLOCK)
+    return partial.sum()  # the rest added by torch, not by the kernel
+
+
+def _no_reshape(x, partial_sums_kernel, BLOCK):
+    n = x.numel()
+    values = x
+    while n > 1:  # n = 1: no launch, x itself comes back
+        partial = torch.empty(triton.cdiv(n, BLOCK), dtype=torch.float32, device=x.device)
+        partial_sums_kernel[(partial.numel(),)](values, partial, n, BLOCK=BLOCK)
+        values, n = partial, partial.numel()
+    return values
+
+
 # --- step 3: atomics ---------------------------------------------------------------------------------
 
 @triton.jit
@@ -135,6 +168,14 @@ def _atomic_offset(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
     tl.atomic_add(total_ptr, tl.sum(x.to(tl.float32), axis=0), sem="relaxed")
 
 
+@triton.jit
+def _atomic_per_program(x_ptr, total_ptr, n, BLOCK: tl.constexpr):
+    pid = tl.program_id(0).to(tl.int64)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=0.0)
+    tl.atomic_add(total_ptr + pid, tl.sum(x.to(tl.float32), axis=0), sem="relaxed")  # past total's one float
+
+
 PLANTED = [
     ("ch01.block_sum", _block_offset, "offset"),
     ("ch01.block_sum", _block_no_mask, "no_mask"),
@@ -149,6 +190,12 @@ PLANTED = [
     ("ch01.atomic", _atomic_store, "store"),
     ("ch01.atomic", _atomic_no_mask, "no_mask"),
     ("ch01.atomic", _atomic_offset, "offset"),
+    # a learner's run through the lab: stores past the end are caught in slack (they used to kill the process)
+    ("ch01.block_sum", _block_store_tile, "past_end"),
+    ("ch01.block_sum", _block_one_past, "one_past"),
+    ("ch01.two_pass", _torch_finish, "too_few"),
+    ("ch01.two_pass", _no_reshape, "shape"),
+    ("ch01.atomic", _atomic_per_program, "past_end"),
 ]
 
 
@@ -170,6 +217,7 @@ def test_every_mistake_of_the_lab_is_planted():
     known = {(step.name, m.name) for step in LABS["ch01"].values() for m in step.mistakes}
     assert known - planted == {("ch01.block_sum", "unchanged"), ("ch01.two_pass", "unchanged"),
                                ("ch01.atomic", "unchanged"), ("ch01.atomic", "other"), ("ch01.atomic", "float16"),
+                               ("ch01.atomic", "one_past"),
                                ("ch01.two_pass", "same_input"), ("ch01.two_pass", "endless")}
 
 
