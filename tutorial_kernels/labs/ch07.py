@@ -40,6 +40,12 @@ def _run_error(exc: Exception) -> str:
     return f"the kernel raised {type(exc).__name__}: " + (message[-1] if message else "")
 
 
+RAISED = ("Your helper raised before any number came back, so there is nothing to compare yet: read the error "
+          "above. Typical: a misspelt name (NameError), a different number of returned values than the kernel "
+          "unpacks (\"not enough values to unpack\": return exactly what the docstring lists), or a Python "
+          "function Triton does not know inside @triton.jit (use tl.minimum, tl.where, …).")
+
+
 # --- the chapter's own scheduling arithmetic, on Python integers ----------------------------------------
 
 class _IntegerGluon:
@@ -187,6 +193,10 @@ RING_MISTAKES = {  # name: ({column: the value that mistake gives for (t, stages
     "phase_not_a_bit": ({1: lambda t, s: t // s, 2: lambda t, s: t // s + 1},
                         "A phase is one bit, 0 or 1: the barrier's phase bit flips at each completion. Take the "
                         "round's parity, (t // STAGES) & 1, not the round itself."),
+    "full_previous_round": ({1: lambda t, s: ((t // s) + 1) & 1},
+                            "The consumers wait on full[stage] for this round's parity, (t // STAGES) & 1: in round 0 "
+                            "phase 0, the stage's first fill. Phase 1 is the one a fresh barrier counts as already "
+                            "completed, so waiting for it returns at once, before the tile has landed."),
     "empty_same_phase": ({2: lambda t, s: (t // s) & 1},
                          "The loader waits on empty[stage] for the opposite phase to the consumers' one: tile t may "
                          "overwrite the stage once tile t − STAGES, one round earlier, was released, so it waits for "
@@ -194,6 +204,9 @@ RING_MISTAKES = {  # name: ({column: the value that mistake gives for (t, stages
                          "which a fresh barrier counts as completed: the loader does not wait.)"),
 }
 RING_UNCHANGED = "All three numbers are still 0 (the skeleton's placeholders): every tile would go to stage 0."
+RING_SWAPPED = ("full_phase and empty_phase are swapped: the consumers wait on full for this round's parity, "
+                "(t // STAGES) & 1 (phase 0 in round 0: the first fill); the loader waits on empty for the previous "
+                "round's, ((t // STAGES) + 1) & 1 (phase 1 in round 0, which a fresh barrier counts as completed).")
 
 
 def _grade_ring(fn) -> tuple[int, int, Failure | None]:
@@ -204,7 +217,7 @@ def _grade_ring(fn) -> tuple[int, int, Failure | None]:
         try:
             got[stages] = probe_ring(fn, stages, n_tiles)
         except Exception as exc:
-            return done, total, Failure(f"STAGES={stages}", _run_error(exc), [RING_UNCHANGED])
+            return done, total, Failure(f"STAGES={stages}", _run_error(exc), [RAISED])
         expected[stages] = [chapter_ring(t, stages) for t in range(n_tiles)]
     wrong = [s for s in RING_STAGES if got[s] != expected[s]]
     if not wrong:
@@ -215,6 +228,8 @@ def _grade_ring(fn) -> tuple[int, int, Failure | None]:
     hints = [hint for columns, hint in RING_MISTAKES.values() if any(
         all(got[s][i][col] == wrong_value(i, s) for s in RING_STAGES for i in range(len(got[s])))
         for col, wrong_value in columns.items())]
+    if all(got[s][i][1:] == chapter_ring(i, s)[:0:-1] for s in RING_STAGES for i in range(len(got[s]))):
+        hints = [RING_SWAPPED]
     if all(row == (0, 0, 0) for rows in got.values() for row in rows):
         hints = [RING_UNCHANGED]
     detail = [f"ring tile t={t} (round {t // stages} of the ring): expected (stage, full_phase, empty_phase) = "
@@ -297,7 +312,7 @@ def probe_items(fn, n_q: int, n_bh: int, section: int, causal: bool) -> list[tup
 
 
 def _items(n_q, n_bh, section, causal, *, longest_first=True, tile_by_tile=True, clamp_last=True,
-           sections=True, reverse_full=False) -> list[tuple[int, int]]:
+           sections=True, reverse_full=False, last_tile=1, bh_from_section=True) -> list[tuple[int, int]]:
     """The work items in order with one typical mistake switched on (all defaults: the chapter's)."""
     n_m = -(-n_q // BLOCK)
     if not sections:
@@ -311,8 +326,10 @@ def _items(n_q, n_bh, section, causal, *, longest_first=True, tile_by_tile=True,
             m_rank, bh = within // pairs, first_bh + within % pairs
         else:  # every tile of one pair before the next pair
             m_rank, bh = within % n_m, first_bh + within // n_m
+        if not bh_from_section:  # the pair counted from the section's first pair, not from pair 0
+            bh -= first_bh
         reverse = longest_first if causal else reverse_full
-        items.append((bh, n_m - 1 - m_rank if reverse else m_rank))
+        items.append((bh, n_m - last_tile - m_rank if reverse else m_rank))
     return items
 
 
@@ -327,6 +344,12 @@ ITEM_MISTAKES = {  # name: (the items that mistake gives, hint)
                           "section does not divide n_bh): pairs = tl.minimum(section, n_bh − first_bh)."),
     "no_sections": (dict(sections=False), "The items go section by section: all items of the first `section` "
                     "pairs, then the next section's. first_bh = (w // (section · n_m)) · section."),
+    "tile_past_the_end": (dict(last_tile=0), "Off by one: the last query tile is n_m − 1 (tiles 0 … n_m − 1), so "
+                          "causal pid_m = n_m − 1 − m_rank; n_m − m_rank names a tile past the end and never "
+                          "computes tile 0."),
+    "bh_within_section": (dict(bh_from_section=False), "within % pairs is the pair's place inside its section; "
+                          "the pair itself is first_bh + within % pairs. Without first_bh every section "
+                          "recomputes the first section's pairs."),
     "reversed_full": (dict(reverse_full=True), "Only causal tiles differ in length; without CAUSAL every tile sees "
                       "every key and the items keep the natural order, pid_m = m_rank."),
 }
@@ -346,7 +369,7 @@ def _grade_items(fn) -> tuple[int, int, Failure | None]:
         try:
             got[case] = probe_items(fn, *case)
         except Exception as exc:
-            return done, total, Failure(_case_str(*case), _run_error(exc), [ITEM_UNCHANGED])
+            return done, total, Failure(_case_str(*case), _run_error(exc), [RAISED])
     expected = {case: [chapter_item(w, case[1], case[2], case[0], case[3])[:2] for w in range(len(got[case]))]
                 for case in ITEM_CASES}
     wrong = [case for case in ITEM_CASES if got[case] != expected[case]]
@@ -429,10 +452,10 @@ def probe_deals(fn, programs: int, n_items: int) -> list[list[int]]:
     return out.view(programs, deals).tolist()
 
 
-def _dealing(deal, program, programs, *, backwards_in_odd=True, round_robin=False, mirror=1):
+def _dealing(deal, program, programs, *, backwards_in_odd=True, round_robin=False, mirror=1, offset=True):
     """The item with one typical mistake switched on (defaults: the chapter's)."""
     backwards = 0 if round_robin else (deal % 2 if backwards_in_odd else 1 - deal % 2)
-    return deal * programs + program + backwards * (programs - mirror - 2 * program)
+    return deal * programs * offset + program + backwards * (programs - mirror - 2 * program)
 
 
 DEAL_MISTAKES = {  # name: (the items that mistake gives, hint)
@@ -443,6 +466,8 @@ DEAL_MISTAKES = {  # name: (the items that mistake gives, hint)
                         "the second backwards: backwards = deal % 2, 0 in deal 0."),
     "mirror_off_by_one": (dict(mirror=0), "Backwards, program p takes the p-th item from the end of the deal, "
                           "deal · P + (P − 1 − p): the last item of the deal is deal · P + P − 1, not deal · P + P."),
+    "no_deal_offset": (dict(offset=False), "Each deal hands out the next P items: deal d starts at item d · P. "
+                       "Without the deal · P term every deal hands out items 0 … P − 1 again and the rest never run."),
 }
 
 
@@ -457,7 +482,7 @@ def _grade_deals(fn) -> tuple[int, int, Failure | None]:
         try:
             got = probe_deals(fn, programs, n_items)
         except Exception as exc:
-            return done, total, Failure(case, _run_error(exc), [DEAL_MISTAKES["round_robin"][1]])
+            return done, total, Failure(case, _run_error(exc), [RAISED])
         deals = len(got[0])
         expected = [[chapter_deal(d, p, programs) for d in range(deals)] for p in range(programs)]
         if got == expected:
@@ -487,14 +512,18 @@ STEPS = {
     "ring": Step("ch07.ring", "the stage and the phases of the t-th K/V tile", _grade_ring,
                  ring_slot_skeleton, ring_slot,
                  tuple(Mistake(n, h, lambda a: False) for n, (_, h) in RING_MISTAKES.items())
-                 + (Mistake("unchanged", RING_UNCHANGED, lambda a: False),)),
+                 + (Mistake("swapped", RING_SWAPPED, lambda a: False),
+                    Mistake("unchanged", RING_UNCHANGED, lambda a: False),
+                    Mistake("raised", RAISED, lambda a: False))),
     "work_item": Step("ch07.work_item", "which (pair, query tile) work item w is", _grade_items,
                       work_item_skeleton, work_item,
                       tuple(Mistake(n, h, lambda a: False) for n, (_, h) in ITEM_MISTAKES.items())
-                      + (Mistake("unchanged", ITEM_UNCHANGED, lambda a: False),)),
+                      + (Mistake("unchanged", ITEM_UNCHANGED, lambda a: False),
+                         Mistake("raised", RAISED, lambda a: False))),
     "dealt_item": Step("ch07.dealt_item", "which item a persistent program takes in each deal", _grade_deals,
                        dealt_item_skeleton, dealt_item,
-                       tuple(Mistake(n, h, lambda a: False) for n, (_, h) in DEAL_MISTAKES.items())),
+                       tuple(Mistake(n, h, lambda a: False) for n, (_, h) in DEAL_MISTAKES.items())
+                       + (Mistake("raised", RAISED, lambda a: False),)),
 }
 
 __all__ = ["STEPS", "chapter_deal", "chapter_item", "chapter_ring", "dealt_item", "dealt_item_skeleton",

@@ -52,6 +52,68 @@ def _ring_stage_by_round(t, STAGES: tl.constexpr):
 
 
 @triton.jit
+def _ring_phases_swapped(t, STAGES: tl.constexpr):
+    stage = t % STAGES
+    full_phase = ((t // STAGES) + 1) & 1
+    empty_phase = (t // STAGES) & 1
+    return stage, full_phase, empty_phase
+
+
+@triton.jit
+def _ring_full_previous_round(t, STAGES: tl.constexpr):
+    stage = t % STAGES
+    full_phase = ((t // STAGES) + 1) & 1
+    empty_phase = ((t // STAGES) + 1) & 1
+    return stage, full_phase, empty_phase
+
+
+@triton.jit
+def _ring_two_values(t, STAGES: tl.constexpr):  # a Python error inside the kernel: one value short
+    stage = t % STAGES
+    full_phase = (t // STAGES) & 1
+    return stage, full_phase
+
+
+@triton.jit
+def _items_tile_past_the_end(w, n_bh, section, n_q, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    n_m = tl.cdiv(n_q, BLOCK_M)
+    first_bh = (w // (section * n_m)) * section
+    pairs = tl.minimum(section, n_bh - first_bh)
+    within = w - first_bh * n_m
+    m_rank = within // pairs
+    bh = first_bh + within % pairs
+    if CAUSAL:
+        pid_m = n_m - m_rank
+    else:
+        pid_m = m_rank
+    return bh, pid_m
+
+
+@triton.jit
+def _items_bh_within_section(w, n_bh, section, n_q, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    n_m = tl.cdiv(n_q, BLOCK_M)
+    first_bh = (w // (section * n_m)) * section
+    pairs = tl.minimum(section, n_bh - first_bh)
+    within = w - first_bh * n_m
+    m_rank = within // pairs
+    bh = within % pairs
+    if CAUSAL:
+        pid_m = n_m - 1 - m_rank
+    else:
+        pid_m = m_rank
+    return bh, pid_m
+
+
+@triton.jit
+def _items_misspelt(w, n_bh, section, n_q, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
+    n_m = tl.cdiv(n_q, BLOCK_M)
+    first_bh = (w // (section * n_m)) * section
+    pairs = tl.minimum(section, n_bh - first_bh)
+    within = w - first_bh * n_m
+    return first_bh + within % pair, within // pairs  # noqa: F821 (the planted slip: `pair` for `pairs`)
+
+
+@triton.jit
 def _items_shortest_first(w, n_bh, section, n_q, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr):
     n_m = tl.cdiv(n_q, BLOCK_M)
     first_bh = (w // (section * n_m)) * section
@@ -106,17 +168,39 @@ def _deal_mirror_off_by_one(deal):
     return deal * programs + program + backwards * (programs - 2 * program)
 
 
+@triton.jit
+def _deal_no_offset(deal):
+    program, programs = tl.program_id(0), tl.num_programs(0)
+    backwards = deal % 2
+    return program + backwards * (programs - 1 - 2 * program)
+
+
+@triton.jit
+def _deal_misspelt(deal):
+    program, programs = tl.program_id(0), tl.num_programs(0)
+    backwards = deal % 2
+    return deal * programs + program + backward * (programs - 1 - 2 * program)  # noqa: F821 (the planted slip)
+
+
 PLANTED = [
     ("ch07.ring", _ring_phase_every_tile, "phase_every_tile"),
     ("ch07.ring", _ring_empty_same_phase, "empty_same_phase"),
     ("ch07.ring", _ring_phase_not_a_bit, "phase_not_a_bit"),
     ("ch07.ring", _ring_stage_by_round, "stage_by_round"),
+    ("ch07.ring", _ring_phases_swapped, "swapped"),
+    ("ch07.ring", _ring_full_previous_round, "full_previous_round"),
+    ("ch07.ring", _ring_two_values, "raised"),
     ("ch07.work_item", _items_shortest_first, "shortest_first"),
+    ("ch07.work_item", _items_tile_past_the_end, "tile_past_the_end"),
+    ("ch07.work_item", _items_bh_within_section, "bh_within_section"),
+    ("ch07.work_item", _items_misspelt, "raised"),
     ("ch07.work_item", _items_pair_by_pair, "pair_by_pair"),
     ("ch07.work_item", _items_full_last_section, "full_last_section"),
     ("ch07.dealt_item", ch07.dealt_item_skeleton, "round_robin"),
     ("ch07.dealt_item", _deal_backwards_first, "backwards_first"),
     ("ch07.dealt_item", _deal_mirror_off_by_one, "mirror_off_by_one"),
+    ("ch07.dealt_item", _deal_no_offset, "no_deal_offset"),
+    ("ch07.dealt_item", _deal_misspelt, "raised"),
 ]
 
 
