@@ -237,6 +237,12 @@ def _matmul_not_advanced(t: Trial) -> bool:
     return len(tiles) > 1 and t.matches(sum(a[:, :width] @ b[:width, :] for _, width in tiles))
 
 
+def _matmul_one_past_k(t: Trial) -> bool:
+    """The K mask is k0 + offs_k <= K: one column of A and one row of B past K are added in."""
+    M, N, K = t.case["M"], t.case["N"], t.case["K"]
+    return K % BLOCK_K != 0 and t.matches(t.inputs["a_buf"][:M, :K + 1].double() @ t.inputs["b_buf"][:K + 1, :N].double())
+
+
 K_LOOP_MISTAKES = (
     Mistake("unchanged", "Every element came out as 0: acc is still the zeros it started as. Write the loop over "
             "k0 that adds each tile's product into acc.", _matmul_unchanged),
@@ -250,6 +256,9 @@ K_LOOP_MISTAKES = (
     Mistake("not_advanced", "The output is the first K tile's product counted once per tile: the windows never "
             "moved. After each tile slide them along K: a_tile += BLOCK_K * stride_ak, b_tile += BLOCK_K * "
             "stride_bk.", _matmul_not_advanced),
+    Mistake("one_past_k", "The output includes one term past the end of K: the mask lets k0 + offs_k = K through "
+            "(<= instead of <). Index K is already past the end (A has columns 0 … K − 1): mask with "
+            "k0 + offs_k < K.", _matmul_one_past_k),
 )
 
 
@@ -398,7 +407,9 @@ def _softmax_unchanged(t: Trial) -> bool:
 
 ONLINE_SOFTMAX_MISTAKES = (
     Mistake("unchanged", "Every row came out as zeros: ℓ is still 0. Write the sweep: for each tile, the new "
-            "running max, then ℓ rescaled and this tile's exponentials added.", _softmax_unchanged),
+            "running max, then ℓ rescaled and this tile's exponentials added. If you wrote it, delete the "
+            "skeleton's two placeholder lines below the TODOs (m = …, l = … \"placeholders: replace them\"): "
+            "they run after your loop and set m and ℓ back to 0.", _softmax_unchanged),
     Mistake("no_rescale", "The output is what you get when ℓ is not rescaled: when the running max grows from "
             "m_old to m_new, the terms already in ℓ were measured from m_old. Multiply ℓ by α = e^{m_old − m_new} "
             "before adding the tile: l = l * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0).",

@@ -215,13 +215,13 @@ def p64(a: GradAttempt, visible: torch.Tensor | None = None, *, score_scale: flo
 
 
 def dq64(a: GradAttempt, p: torch.Tensor | None = None, *, dp_from_keys: bool = False, subtract_delta: bool = True,
-         times_p: bool = True, with_values: bool = False) -> torch.Tensor:
+         times_p: bool = True, with_values: bool = False, delta_sign: float = 1.0) -> torch.Tensor:
     """dQ = τ · (P ∘ (dO Vᵀ − Δ)) K in float64 from `p` (the right P where None); each mistake of the
     dQ step is one argument changed."""
     p = p64(a) if p is None else p
     k, v, do = a.k.double(), a.v.double(), a.do.double()
     dp = do @ (k if dp_from_keys else v).transpose(-2, -1)
-    centred = dp - a.delta.double()[..., None] if subtract_delta else dp
+    centred = dp - delta_sign * a.delta.double()[..., None] if subtract_delta else dp
     ds = p * centred if times_p else torch.where(visited(a), centred, 0.0)
     return sm_scale(a.case) * ds @ (v if with_values else k)
 
@@ -449,6 +449,17 @@ def _delta_as_columns(a: GradAttempt) -> bool:
     return a.matches(sm_scale(a.case) * (p64(a) * (dp - shifted)) @ a.k.double())
 
 
+def _last_key_tile_only(a: GradAttempt) -> bool:
+    """dq = tl.dot(ds, k) without dq as the accumulator: each query tile keeps only the last key tile it visits."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    last = torch.zeros(n_q, n_k, dtype=torch.bool, device=a.q.device)
+    for start_m in range(0, n_q, BLOCK_M):
+        end = key_stages(start_m, n_q, n_k, BLOCK_M, BLOCK_N)[1] if a.case.causal else n_k
+        if end > 0:
+            last[start_m:start_m + BLOCK_M, (end - 1) // BLOCK_N * BLOCK_N:end] = True
+    return bool((~last & visited(a)).any()) and a.matches(dq64(a, torch.where(last, p64(a), 0.0)))
+
+
 def _dq_mistake(**kw):
     return lambda a: a.matches(dq64(a, **kw))
 
@@ -464,6 +475,12 @@ UPDATE_MISTAKES = (
             "tl.dot(do, tl.trans(v), ...).", _dq_mistake(dp_from_keys=True)),
     Mistake("values", "Your dQ adds dS V: S = τ Q Kᵀ, so dQ = τ dS K. The last product takes k: "
             "tl.dot(ds.to(k.dtype), k, dq, ...).", _dq_mistake(with_values=True)),
+    Mistake("plus_delta", "Your dS adds Δ: the sign is minus. dS = P ∘ (dP − Δ): ds = p * (dp - delta[:, None]).",
+            _dq_mistake(delta_sign=-1.0)),
+    Mistake("overwritten", "Your dQ is the last key tile's dS K_j alone: tl.dot(ds, k) without dq as its third "
+            "argument starts from zero on every tile and throws away what the earlier key tiles added. Accumulate: "
+            "dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION) (or dq += tl.dot(...)).",
+            _last_key_tile_only),
     Mistake("broadcast", "Your dS subtracts Δ along the wrong axis: delta[None, :] lays the rows' Δ out as columns "
             "(it runs because BLOCK_M = BLOCK_N). Δ_i belongs to query row i: delta[:, None].", _delta_as_columns),
 )

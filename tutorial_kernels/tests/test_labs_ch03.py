@@ -125,15 +125,47 @@ def _stats_no_guard(x_row, n_cols, BLOCK: tl.constexpr):
     return m, l
 
 
+@triton.jit
+def _k_loop_one_past_k(a_tile, b_tile, offs_m, offs_n, offs_k, M, N, K, stride_ak, stride_bk,
+                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                       DOT_PRECISION: tl.constexpr):
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        a = tl.load(a_tile, mask=(offs_m[:, None] < M) & (k0 + offs_k[None, :] <= K), other=0.0)  # <= K
+        b = tl.load(b_tile, mask=(k0 + offs_k[:, None] <= K) & (offs_n[None, :] < N), other=0.0)
+        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        a_tile += BLOCK_K * stride_ak
+        b_tile += BLOCK_K * stride_bk
+    return acc
+
+
+@triton.jit
+def _stats_placeholders_kept(x_row, n_cols, BLOCK: tl.constexpr):
+    cols = tl.arange(0, BLOCK)
+    m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)
+    l = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    for start in range(0, n_cols, BLOCK):
+        x = tl.load(x_row + start + cols, mask=start + cols < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0)
+        m = m_new
+    m = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # the skeleton's placeholders, left in below the sweep
+    l = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
+    return m, l
+
+
 PLANTED = [
     ("ch03.k_loop", _k_loop_unshifted_mask, "ragged_k"),
     ("ch03.k_loop", _k_loop_overwrites, "overwritten"),
     ("ch03.k_loop", _k_loop_not_advanced, "not_advanced"),
+    ("ch03.k_loop", _k_loop_one_past_k, "one_past_k"),
     ("ch03.online_softmax", _stats_no_rescale, "no_rescale"),
     ("ch03.online_softmax", _stats_inverted, "inverted"),
     ("ch03.online_softmax", _stats_m0_zero, "m0_zero"),
     ("ch03.online_softmax", _stats_other_zero, "ragged"),
     ("ch03.online_softmax", _stats_no_guard, "nan"),
+    ("ch03.online_softmax", _stats_placeholders_kept, "unchanged"),
 ]
 
 

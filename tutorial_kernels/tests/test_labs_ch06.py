@@ -129,6 +129,22 @@ def _dq_delta_as_columns(dq, p, do, k, v, delta, DOT_PRECISION: tl.constexpr):
     return dq
 
 
+@triton.jit
+def _dq_plus_delta(dq, p, do, k, v, delta, DOT_PRECISION: tl.constexpr):
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    ds = p * (dp + delta[:, None])  # wrong sign
+    dq = tl.dot(ds.to(k.dtype), k, dq, input_precision=DOT_PRECISION)
+    return dq
+
+
+@triton.jit
+def _dq_overwritten(dq, p, do, k, v, delta, DOT_PRECISION: tl.constexpr):
+    dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+    ds = p * (dp - delta[:, None])
+    dq = tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dq not passed as the accumulator
+    return dq
+
+
 PLANTED = [
     ("ch06.delta", _delta_rowsum_do, "rowsum_do"),
     ("ch06.delta", _delta_rowsum_o, "rowsum_o"),
@@ -144,6 +160,8 @@ PLANTED = [
     ("ch06.dq", _dq_dp_from_keys, "dp_keys"),
     ("ch06.dq", _dq_with_values, "values"),
     ("ch06.dq", _dq_delta_as_columns, "broadcast"),
+    ("ch06.dq", _dq_plus_delta, "plus_delta"),
+    ("ch06.dq", _dq_overwritten, "overwritten"),
 ]
 
 
