@@ -99,11 +99,28 @@ def softmax64(s: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, e / torch.where(total > 0, total, 1.0), 0.0)
 
 
+class SlackWritten(ValueError):
+    """A store wrote past the end of P, into the slack the lab leaves there (without it the interpreter writes
+    over memory it does not own and kills the process)."""
+
+
+SLACK = SOFTMAX_BLOCK  # elements after S and after P: what the ragged last chunk of the last row reaches
+
+
 def run_softmax(kernel, s: torch.Tensor) -> torch.Tensor:
-    """P from the learner's softmax kernel, one program per row of the contiguous 2-D `s`."""
-    p = torch.full_like(s, float("nan"))  # poisoned: an element the kernel never writes stays NaN
-    kernel[(s.shape[0],)](s, p, s.shape[1], BLOCK=SOFTMAX_BLOCK)
-    return p
+    """P from the learner's softmax kernel, one program per row of the contiguous 2-D `s`. S and P are
+    followed by one chunk of slack: S's holds 0 (a load without its mask reads that past the last row), P's
+    NaN, and a store that writes it is refused with a SlackWritten naming P."""
+    n = s.numel()
+    s_all = torch.zeros(n + SLACK, dtype=s.dtype, device=s.device)
+    s_all[:n] = s.reshape(-1)
+    p_all = torch.full((n + SLACK,), float("nan"), dtype=s.dtype, device=s.device)  # poisoned: unwritten stays NaN
+    kernel[(s.shape[0],)](s_all[:n].view(s.shape), p_all[:n].view(s.shape), s.shape[1], BLOCK=SOFTMAX_BLOCK)
+    written = ~torch.isnan(p_all[n:])
+    if bool(written.any()):
+        raise SlackWritten(f"a store wrote past the end of P: {int(written.sum())} elements after its last row "
+                           f"(row {s.shape[0] - 1}, columns ≥ n_cols = {s.shape[1]}) were written")
+    return p_all[:n].view(s.shape)
 
 
 @dataclass
@@ -112,8 +129,9 @@ class SoftmaxAttempt:
 
     case: SoftmaxCase
     s: torch.Tensor
-    got: torch.Tensor
+    got: torch.Tensor | None
     expected: torch.Tensor
+    error: Exception | None = None
 
     def matches(self, wrong: torch.Tensor) -> bool:
         """Whether the output is, within the dtype's tolerance, this wrong answer (NaN where it has NaN)."""
@@ -153,8 +171,10 @@ def grade_softmax(kernel, cases: list[SoftmaxCase], mistakes: tuple[Mistake, ...
             got = run_softmax(kernel, s)
         except Exception as exc:  # the learner's code did not compile or run: say what Triton said
             message = str(exc).strip().splitlines()
+            attempt = SoftmaxAttempt(case, s, None, expected, exc)
+            hints = [m.hint for m in mistakes if _detects(m, attempt)]
             return i, len(cases), Failure(str(case), f"the kernel raised {type(exc).__name__}: "
-                                          + (message[-1] if message else ""), [generic_hint])
+                                          + (message[-1] if message else ""), hints or [generic_hint])
         detail = compare_rows(case, got, expected)
         if detail is not None:
             attempt = SoftmaxAttempt(case, s, got, expected)
@@ -229,6 +249,37 @@ def _no_max(a: SoftmaxAttempt) -> bool:
     return bool(torch.isnan(a.got).any()) and a.matches(e / e.sum(dim=-1, keepdim=True))
 
 
+def _max_padding(a: SoftmaxAttempt) -> bool:
+    """Pass 1 loaded the columns past n_cols as 0: m_i = max(m_i, 0), harmless except for rows far below 0,
+    where exp(S_ij − 0) underflows for the whole row and P = 0/0 = NaN; every other row is right."""
+    far_below = a.s.double().amax(dim=-1) < -87  # exp(x − 0) underflows float32 for every x of the row
+    nan = torch.isnan(a.got).any(dim=-1)
+    rest = ~far_below
+    return (a.case.n_cols % SOFTMAX_BLOCK != 0 and bool(far_below.any()) and torch.equal(nan.cpu(), far_below.cpu())
+            and (not rest.any() or relative_error(a.got[rest], a.expected[rest]) <= 3 * tolerance(a.case.dtype)))
+
+
+def _unmasked_loads(a: SoftmaxAttempt) -> bool:
+    """Every load without its mask: the ragged last chunk of a row reads the next row (the 0s of S's slack
+    after the last row), and P is the softmax over those extra scores too."""
+    n_rows, n_cols = a.s.shape
+    reach = -(-n_cols // SOFTMAX_BLOCK) * SOFTMAX_BLOCK
+    if reach == n_cols:
+        return False
+    flat = torch.cat([a.s.double().reshape(-1), torch.zeros(SLACK, dtype=torch.float64, device=a.s.device)])
+    rows = torch.stack([flat[r * n_cols:r * n_cols + reach] for r in range(n_rows)])
+    return a.matches(softmax64(rows)[:, :n_cols])
+
+
+def _store_past_end(a: SoftmaxAttempt) -> bool:
+    return isinstance(a.error, SlackWritten)
+
+
+STORE_MASK_HINT = ("A store wrote past the end of P: the last, ragged chunk of a row has lanes past n_cols, and an "
+                   "unmasked store writes them into the next row (past P's end for the last row: on a GPU, other "
+                   "data or a fault). Store with mask=start + cols < n_cols, as the skeleton's store line does.")
+
+
 def _unnormalised(a: SoftmaxAttempt) -> bool:
     s = a.s.double()
     return a.matches(torch.exp(s - s.amax(dim=-1, keepdim=True)))
@@ -240,6 +291,14 @@ SOFTMAX_MISTAKES = (
     Mistake("padding", "The columns past n_cols in the last, ragged chunk count as scores of 0: they add "
             "exp(0 − m_i) to ℓ_i, so every P_ij is too small. Load them as −∞, neutral for the max and for the "
             "sum (e^−∞ = 0): tl.load(..., mask=start + cols < n_cols, other=float(\"-inf\")).", _zero_padding),
+    Mistake("max_padding", "Rows whose scores are all far below 0 (around −150) are NaN: pass 1 loaded the columns "
+            "past n_cols as 0, so m_i = 0, not the row's max, and exp(S_ij − 0) underflows to 0 for the whole row "
+            "(ℓ_i = 0, and 0 · ∞ = NaN). The padding must be neutral for the max too: other=float(\"-inf\") in "
+            "pass 1 as well.", _max_padding),
+    Mistake("unmasked_load", "The last, ragged chunk of each row read past the row's end, into the next row's "
+            "scores (past S for the last row): mask every load, tl.load(s_row_ptr + start + cols, "
+            "mask=start + cols < n_cols, other=float(\"-inf\")).", _unmasked_loads),
+    Mistake("store_mask", STORE_MASK_HINT, _store_past_end),
     Mistake("no_max", "Rows of large scores are NaN: exp(S_ij) overflows float32 past 88.7 (∞/∞) and "
             "underflows to 0 below about −103 (0/0). Subtract the row max before exponentiating, in pass 2 "
             "and pass 3: tl.exp(x.to(tl.float32) - row_max). The factor e^−m_i cancels, so P is unchanged.",
@@ -340,6 +399,18 @@ def _mask_matches(offset_of, strict: bool = False):
     return detect
 
 
+def _tile_local(a: Attempt) -> bool:
+    """The mask compared positions inside the tile (tl.arange(0, BLOCK_N) against tl.arange(0, BLOCK_M)), not
+    in the whole matrix: key c visible to query r when c mod BLOCK_N ≤ r mod BLOCK_M + (n_k − n_q)."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    tiles = tiles_for(a.q.dtype, a.case.head_dim, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    rows = torch.arange(n_q, device=a.q.device)[:, None] % tiles["BLOCK_M"]
+    cols = torch.arange(n_k, device=a.q.device)[None, :] % tiles["BLOCK_N"]
+    wrong = cols <= rows + (n_k - n_q)
+    return (a.case.causal and not torch.equal(wrong, visibility(n_q, n_k, a.q.device, n_k - n_q))
+            and a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case), wrong)))
+
+
 def _no_mask(a: Attempt) -> bool:
     return a.case.causal and a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case)))
 
@@ -365,6 +436,9 @@ MASK_MISTAKES = (
     Mistake("off_by_one", "Each query must see its own diagonal key: c ≤ r + (n_k − n_q), not <. "
             "(With one query and one key, the query sees that key.)",
             _mask_matches(lambda n_q, n_k: n_k - n_q, strict=True)),
+    Mistake("tile_local", "The mask compares positions inside the tile (0 … BLOCK − 1), so every tile gets the "
+            "same triangle. Compare the positions in the whole matrix, offs_n[None, :] and offs_m[:, None], which "
+            "already include pid · BLOCK.", _tile_local),
     Mistake("finite", "The rows that see no key must come out as zeros, but yours average V. Hide scores with "
             "float(\"-inf\"), not a finite constant such as -1e9 or -1e4: a row whose every score is that "
             "constant is a row of equal scores, and its softmax is uniform.", _no_key_rows_nonzero),
@@ -442,6 +516,7 @@ EMPTY_ROW_MISTAKES = (
     Mistake("clamp", "Rows whose scores are all far below 0 came out zeros: the max was replaced by a bound "
             "(tl.maximum(row_max, 0.0)?), so exp(S_ij − 0) underflows. Replace m_i only where it is −∞: "
             "tl.where(row_max == float(\"-inf\"), 0.0, row_max).", _clamped_max),
+    Mistake("store_mask", STORE_MASK_HINT, _store_past_end),
 )
 
 

@@ -92,6 +92,58 @@ def _softmax_clamped_max(s_ptr, p_ptr, n_cols, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _softmax_with_slip(s_ptr, p_ptr, n_cols, BLOCK: tl.constexpr, SLIP: tl.constexpr):
+    """The chapter's softmax, guards included, with one slip a learner made: "max_padding" (pass 1 loads the
+    padding as 0), "unmasked_load" (no load is masked), "store_mask" (the store is not masked: without the
+    lab's slack after P it wrote over memory the interpreter does not own and killed the process)."""
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    running_max = tl.full([BLOCK], float("-inf"), dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        if SLIP == "max_padding":
+            x = tl.load(s_ptr + row * n_cols + start + cols, mask=start + cols < n_cols, other=0.0)
+        elif SLIP == "unmasked_load":
+            x = tl.load(s_ptr + row * n_cols + start + cols)
+        else:
+            x = tl.load(s_ptr + row * n_cols + start + cols, mask=start + cols < n_cols, other=float("-inf"))
+        running_max = tl.maximum(running_max, x.to(tl.float32))
+    row_max = tl.max(running_max, axis=0)
+    if SLIP != "max_padding":  # step 1's kernel has no guards yet; the others keep them
+        row_max = tl.where(row_max == float("-inf"), 0.0, row_max)
+    running_sum = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, n_cols, BLOCK):
+        if SLIP == "unmasked_load":
+            x = tl.load(s_ptr + row * n_cols + start + cols)
+        else:
+            x = tl.load(s_ptr + row * n_cols + start + cols, mask=start + cols < n_cols, other=float("-inf"))
+        running_sum += tl.exp(x.to(tl.float32) - row_max)
+    row_sum = tl.sum(running_sum, axis=0)
+    if SLIP == "max_padding":
+        inv_sum = 1.0 / row_sum
+    else:
+        inv_sum = tl.where(row_sum > 0.0, 1.0 / tl.maximum(row_sum, 1e-30), 0.0)
+    for start in range(0, n_cols, BLOCK):
+        mask = start + cols < n_cols
+        if SLIP == "unmasked_load":
+            x = tl.load(s_ptr + row * n_cols + start + cols)
+        else:
+            x = tl.load(s_ptr + row * n_cols + start + cols, mask=mask, other=float("-inf"))
+        p = (tl.exp(x.to(tl.float32) - row_max) * inv_sum).to(p_ptr.dtype.element_ty)
+        if SLIP == "store_mask":
+            tl.store(p_ptr + row * n_cols + start + cols, p)
+        else:
+            tl.store(p_ptr + row * n_cols + start + cols, p, mask=mask)
+
+
+def _softmax_slip(slip: str):
+    """`_softmax_with_slip` with SLIP bound, launched as the grader launches a learner's kernel."""
+    class Slipped:
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: _softmax_with_slip[grid](*args, **kwargs, SLIP=slip)
+    return Slipped()
+
+
+@triton.jit
 def _scores_with_mask(q_ptr, k_ptr, s_ptr, stride_qb, stride_qh, stride_qm, stride_qd,
                       stride_kb, stride_kh, stride_kn, stride_kd, n_heads, n_q, n_k, head_dim, sm_scale,
                       CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
@@ -113,6 +165,9 @@ def _scores_with_mask(q_ptr, k_ptr, s_ptr, stride_qb, stride_qh, stride_qm, stri
             s = tl.where(offs_n[None, :] <= offs_m[:, None], s, float("-inf"))
         elif SLIP == "strict":
             s = tl.where(offs_n[None, :] < offs_m[:, None] + (n_k - n_q), s, float("-inf"))
+        elif SLIP == "tile_local":  # positions inside the tile, not in the matrix
+            s = tl.where(tl.arange(0, BLOCK_N)[None, :] <= tl.arange(0, BLOCK_M)[:, None] + (n_k - n_q), s,
+                         float("-inf"))
         elif SLIP == "sign":
             s = tl.where(offs_n[None, :] <= offs_m[:, None] + (n_q - n_k), s, float("-inf"))
         else:  # "finite"
@@ -139,6 +194,12 @@ PLANTED = [
     ("ch02.causal_mask", _scores_slip("finite"), "finite"),
     ("ch02.empty_rows", ch02.guarded_softmax_kernel_skeleton, "nan"),  # no guards: the unfilled skeleton is that slip
     ("ch02.empty_rows", _softmax_clamped_max, "clamp"),
+    # a learner's run through the lab
+    ("ch02.softmax", _softmax_slip("max_padding"), "max_padding"),
+    ("ch02.softmax", _softmax_slip("unmasked_load"), "unmasked_load"),
+    ("ch02.softmax", _softmax_slip("store_mask"), "store_mask"),
+    ("ch02.empty_rows", _softmax_slip("store_mask"), "store_mask"),
+    ("ch02.causal_mask", _scores_slip("tile_local"), "tile_local"),
 ]
 
 
