@@ -305,6 +305,8 @@ def row_statistics_skeleton(x_row, n_cols, BLOCK: tl.constexpr):
     entries may be −∞ (hidden), a whole row too: then m = −∞ and ℓ = 0. Load the tile with
     tl.load(...).to(tl.float32)."""
     cols = tl.arange(0, BLOCK)
+    m = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # placeholder: replace it with m_0 (the TODO below)
+    l = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # placeholder: replace it with ℓ_0
     # TODO: m = ...     m_0, a 0-d float32 tensor: tl.max(tl.full([BLOCK], ..., tl.float32), axis=0)
     # TODO: l = ...     ℓ_0, likewise: tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     # TODO: for start in range(0, n_cols, BLOCK):
@@ -313,8 +315,6 @@ def row_statistics_skeleton(x_row, n_cols, BLOCK: tl.constexpr):
     # TODO:     shift = ...    m_new, but 0 where m_new is −∞ (a row that has seen only −∞ so far)
     # TODO:     l = ...        ℓ_t = ℓ_{t−1}·e^{m_{t−1} − m_t} + Σ_j e^{x_j − m_t}
     # TODO:     m = m_new
-    m = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)  # placeholders: replace them
-    l = tl.sum(tl.zeros([BLOCK], tl.float32), axis=0)
     return m, l
 
 
@@ -407,9 +407,9 @@ def _softmax_unchanged(t: Trial) -> bool:
 
 ONLINE_SOFTMAX_MISTAKES = (
     Mistake("unchanged", "Every row came out as zeros: ℓ is still 0. Write the sweep: for each tile, the new "
-            "running max, then ℓ rescaled and this tile's exponentials added. If you wrote it, delete the "
-            "skeleton's two placeholder lines below the TODOs (m = …, l = … \"placeholders: replace them\"): "
-            "they run after your loop and set m and ℓ back to 0.", _softmax_unchanged),
+            "running max, then ℓ rescaled and this tile's exponentials added. If you wrote it, check that no "
+            "line after your loop sets m and ℓ back (the skeleton's placeholders belong before the sweep, "
+            "replaced by m_0 and ℓ_0).", _softmax_unchanged),
     Mistake("no_rescale", "The output is what you get when ℓ is not rescaled: when the running max grows from "
             "m_old to m_new, the terms already in ℓ were measured from m_old. Multiply ℓ by α = e^{m_old − m_new} "
             "before adding the tile: l = l * tl.exp(m - shift) + tl.sum(tl.exp(x - shift), axis=0).",
