@@ -25,7 +25,7 @@ import triton.language as tl
 
 from tutorial_kernels.ch01_gpu_hierarchy import (_atomic_sum_kernel, partial_sums_kernel, reduction_error,
                                                  reduction_passes)
-from tutorial_kernels.labs.steps import DTYPES, Failure, Mistake, Step
+from tutorial_kernels.labs.steps import DTYPES, Failure, Mistake, SlackWritten, Step, check_slack, with_slack
 from tutorial_kernels.runtime import default_device
 
 NOTEBOOK = "01_gpu_hierarchy_lab.ipynb"  # in notebooks/labs/: starts from this module's skeletons
@@ -173,25 +173,10 @@ def _one_past(x64: torch.Tensor, t: slice) -> float:
     return x64[t].sum().item() + (PAD if t.stop == len(x64) else 0.0)
 
 
-class SlackWritten(ValueError):
-    """A store or atomic wrote past the end of the lab's output buffer (into the slack the lab leaves there, so
-    the interpreter does not write over memory it does not own and kill the process)."""
-
-
-def with_slack(size: int, n: int, fill: float, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a buffer, its first `size` slots): the rest, filled with `fill`, covers every index a program can
-    form from its tile, ⌈n / BLOCK⌉·BLOCK + BLOCK slots, so a store at ptr + offs stays in the buffer."""
-    buffer = torch.full((size + triton.cdiv(n, BLOCK) * BLOCK + BLOCK,), fill, dtype=torch.float32, device=device)
-    return buffer, buffer[:size]
-
-
-def check_slack(buffer: torch.Tensor, size: int, fill: float, name: str, what: str) -> None:
-    slack = buffer[size:]
-    written = ~(torch.isnan(slack) if fill != fill else slack == fill)
-    if bool(written.any()):
-        first = int(written.nonzero()[0])
-        raise SlackWritten(f"a store wrote past the end of {name} ({what}): {int(written.sum())} slots after it "
-                           f"were written, the first at {name}[{size + first}]")
+def _tile_slack(n: int) -> int:
+    """Slack after an output buffer that covers every index a program can form from its tile,
+    ⌈n / BLOCK⌉·BLOCK + BLOCK slots, so that a store at ptr + offs stays in the buffer."""
+    return triton.cdiv(n, BLOCK) * BLOCK + BLOCK
 
 
 def _nonfinite(a: SumAttempt) -> bool:
@@ -252,7 +237,7 @@ def block_sums(kernel, x: torch.Tensor) -> torch.Tensor:
     """One launch of `kernel` on x: ⌈n / BLOCK⌉ programs, into float32 partial sums that start as NaN
     (poisoned: a slot the kernel never writes stays NaN)."""
     programs = triton.cdiv(x.numel(), BLOCK)
-    buffer, partial = with_slack(programs, x.numel(), float("nan"), x.device)
+    buffer, partial = with_slack(programs, _tile_slack(x.numel()), float("nan"), device=x.device)
     kernel[(programs,)](x, partial, x.numel(), BLOCK=BLOCK)
     check_slack(buffer, programs, float("nan"), "partial", f"its {programs} slot{'s' * (programs != 1)}, one per program")
     return partial
@@ -443,7 +428,7 @@ atomic_sum = _atomic_sum_kernel  # the solution: the chapter's `_atomic_sum_kern
 
 def atomic_total(kernel, x: torch.Tensor) -> torch.Tensor:
     """One launch of `kernel`: ⌈n / BLOCK⌉ programs adding into a float32 total zeroed first."""
-    buffer, total = with_slack(1, x.numel(), 0.0, x.device)
+    buffer, total = with_slack(1, _tile_slack(x.numel()), 0.0, device=x.device)
     kernel[(triton.cdiv(x.numel(), BLOCK),)](x, total, x.numel(), BLOCK=BLOCK)
     check_slack(buffer, 1, 0.0, "total", "one float")
     return total.reshape(())

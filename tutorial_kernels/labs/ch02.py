@@ -26,7 +26,8 @@ import triton.language as tl
 
 from tutorial_kernels.ch02_naive_attention import _scores_kernel, _softmax_kernel, probs_times_values, row_softmax
 from tutorial_kernels.labs.steps import (
-    Attempt, Failure, Mistake, Step, attention64, attention_cases, grade_attention, sm_scale, visibility)
+    Attempt, Failure, Mistake, SlackWritten, Step, attention64, attention_cases, check_slack, grade_attention, sm_scale,
+    visibility, with_slack)
 from tutorial_kernels.precision import dot_precision, tiles_for
 from tutorial_kernels.reference import relative_error
 from tutorial_kernels.runtime import default_device
@@ -99,11 +100,6 @@ def softmax64(s: torch.Tensor) -> torch.Tensor:
     return torch.where(total > 0, e / torch.where(total > 0, total, 1.0), 0.0)
 
 
-class SlackWritten(ValueError):
-    """A store wrote past the end of P, into the slack the lab leaves there (without it the interpreter writes
-    over memory it does not own and kills the process)."""
-
-
 SLACK = SOFTMAX_BLOCK  # elements after S and after P: what the ragged last chunk of the last row reaches
 
 
@@ -112,15 +108,12 @@ def run_softmax(kernel, s: torch.Tensor) -> torch.Tensor:
     followed by one chunk of slack: S's holds 0 (a load without its mask reads that past the last row), P's
     NaN, and a store that writes it is refused with a SlackWritten naming P."""
     n = s.numel()
-    s_all = torch.zeros(n + SLACK, dtype=s.dtype, device=s.device)
-    s_all[:n] = s.reshape(-1)
-    p_all = torch.full((n + SLACK,), float("nan"), dtype=s.dtype, device=s.device)  # poisoned: unwritten stays NaN
-    kernel[(s.shape[0],)](s_all[:n].view(s.shape), p_all[:n].view(s.shape), s.shape[1], BLOCK=SOFTMAX_BLOCK)
-    written = ~torch.isnan(p_all[n:])
-    if bool(written.any()):
-        raise SlackWritten(f"a store wrote past the end of P: {int(written.sum())} elements after its last row "
-                           f"(row {s.shape[0] - 1}, columns ≥ n_cols = {s.shape[1]}) were written")
-    return p_all[:n].view(s.shape)
+    _, s_in = with_slack(n, SLACK, 0.0, s.dtype, s.device)
+    s_in.copy_(s.reshape(-1))
+    p_all, p = with_slack(n, SLACK, float("nan"), s.dtype, s.device)  # poisoned: unwritten stays NaN
+    kernel[(s.shape[0],)](s_in.view(s.shape), p.view(s.shape), s.shape[1], BLOCK=SOFTMAX_BLOCK)
+    check_slack(p_all, n, float("nan"), "P", f"{s.shape[0]} rows of n_cols = {s.shape[1]}, the last ragged")
+    return p.view(s.shape)
 
 
 @dataclass

@@ -21,7 +21,8 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels.ch04_flash_v1 import _finite_or_zero
-from tutorial_kernels.labs.steps import Attempt, Failure, Mistake, Step, attention_cases, grade_attention, sm_scale
+from tutorial_kernels.labs.steps import (
+    Attempt, Failure, Mistake, Step, attention_cases, check_slack, grade_attention, sm_scale, with_slack)
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.tiling import causal_query_stages, head_dim_block, query_stages
 
@@ -91,23 +92,20 @@ def lab_flash_v1(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
     heads, n_q, head_dim = q.shape
     # Each buffer is followed by one query tile of slack: a load or store that forgets its mask touches the
     # slack (the interpreter would otherwise write over memory it does not own and crash the notebook).
-    acc_all = torch.zeros(heads * n_q * head_dim + SLACK * head_dim, dtype=torch.float32, device=q.device)
-    l_all = torch.zeros(heads * n_q + SLACK, dtype=torch.float32, device=q.device)
-    m_all = torch.full((heads * n_q + SLACK,), float("-inf"), dtype=torch.float32, device=q.device)
-    acc, l, m = (acc_all[:heads * n_q * head_dim].view(heads, n_q, head_dim), l_all[:heads * n_q].view(heads, n_q),
-                 m_all[:heads * n_q].view(heads, n_q))
+    acc_all, acc = with_slack(heads * n_q * head_dim, SLACK * head_dim, 0.0, device=q.device)
+    l_all, l = with_slack(heads * n_q, SLACK, 0.0, device=q.device)
+    m_all, m = with_slack(heads * n_q, SLACK, float("-inf"), device=q.device)
+    acc, l, m = acc.view(heads, n_q, head_dim), l.view(heads, n_q), m.view(heads, n_q)
     _lab_flash_v1_kernel[(heads,)](
         q, k, v, o, acc, l, m, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         o.stride(0), o.stride(1), n_q, k.shape[1], head_dim, head_dim ** -0.5,
         UPDATE=update or flash_v1_update, ROUND_TRIP=round_trip or round_trip_state,
         CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype))
-    slack_written = [name for name, slack, start in (("O", acc_all[-SLACK * head_dim:], 0.0), ("ℓ", l_all[-SLACK:], 0.0),
-                                                     ("m", m_all[-SLACK:], float("-inf")))
-                     if not (slack == start).all()]
-    if slack_written:
-        raise ValueError(f"a store wrote past the end of {' and '.join(slack_written)} (query rows ≥ n_q of the last "
-                         "tile): mask every store, O's with tile_ok, ℓ's and m's with row_ok")
+    advice = "rows ≥ n_q of the last query tile: mask O's store with tile_ok, ℓ's and m's with row_ok"
+    for name, buffer, size, fill in (("O", acc_all, acc.numel(), 0.0), ("ℓ", l_all, l.numel(), 0.0),
+                                     ("m", m_all, m.numel(), float("-inf"))):
+        check_slack(buffer, size, fill, name, advice)
     return o[None]
 
 

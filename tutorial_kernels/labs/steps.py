@@ -129,6 +129,31 @@ def tiled64(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, vis
     return torch.where(l[..., None] > 0, acc / torch.where(l > 0, l, 1.0)[..., None], 0.0)
 
 
+class SlackWritten(ValueError):
+    """A store wrote past the end of one of the lab's buffers, into the slack the lab leaves after it.
+    Without the slack, Triton's interpreter writes over memory the process does not own and kills it
+    (and the learner's notebook kernel with it)."""
+
+
+def with_slack(size: int, slack: int, fill: float, dtype: torch.dtype = torch.float32,
+               device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(a flat buffer of size + slack elements, all `fill`, and a view of its first `size`): the kernel gets
+    the view; `check_slack` then says whether a store reached past it."""
+    buffer = torch.full((size + slack,), fill, dtype=dtype, device=device)
+    return buffer, buffer[:size]
+
+
+def check_slack(buffer: torch.Tensor, size: int, fill: float, name: str, what: str) -> None:
+    """Raise SlackWritten naming `name` (`what` it holds) if an element after its first `size` is no longer
+    `fill` (NaN compares as NaN)."""
+    slack = buffer[size:]
+    written = ~(torch.isnan(slack) if fill != fill else slack == fill)
+    if bool(written.any()):
+        first = int(written.nonzero()[0])
+        raise SlackWritten(f"a store wrote past the end of {name} ({what}): {int(written.sum())} slots after it "
+                           f"were written, the first at {name}[{size + first}]")
+
+
 def compare(case: AttentionCase, got: torch.Tensor, expected: torch.Tensor) -> str | None:
     """None when `got` is within the dtype's bound of `expected`; else where and by how much it is wrong."""
     err = relative_error(got, expected)
