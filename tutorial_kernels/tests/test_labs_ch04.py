@@ -14,6 +14,7 @@ from tutorial_kernels import ch04_flash_v1
 from tutorial_kernels.ch04_flash_v1 import _finite_or_zero
 from tutorial_kernels.labs import check
 from tutorial_kernels.labs.ch04 import STEPS, flash_v1_update, round_trip_state
+from tutorial_kernels.tests.planted import assert_caught_with_its_hint
 
 
 # --- planted mistakes in ch04.update: the solution with one slip -----------------------------------------
@@ -226,13 +227,7 @@ PLANTED = [
 
 @pytest.mark.parametrize("name, fn, mistake", PLANTED, ids=[f"{s}-{fn.__name__}" for s, fn, _ in PLANTED])
 def test_a_planted_mistake_is_caught_with_its_hint(name, fn, mistake):
-    spec = STEPS[name]
-    report = check(spec.name, fn, quiet=True)
-    assert not report.passed, f"{spec.name}: the planted mistake {mistake!r} passed the grader"
-    hint = next(m.hint for m in spec.mistakes if m.name == mistake)
-    assert hint in report.message, report.message
-    others = [m.name for m in spec.mistakes if m.name != mistake and m.hint in report.message]
-    assert not others, f"{spec.name}: {mistake!r} was also diagnosed as {others}:\n{report.message}"
+    assert_caught_with_its_hint(STEPS[name].name, fn, mistake)
 
 
 def test_the_solutions_are_the_chapters_lines():
