@@ -21,6 +21,7 @@ import math
 import plotly.graph_objects as go
 
 from tutorial_kernels.figures.ratios import (
+    ALL_PASSES,
     BAR_MIN_N,
     BARS,
     FRONT_DOOR_PASSES,
@@ -291,19 +292,25 @@ def bench_ratios(fwd: dict | bool | None = None, bwd: dict | bool | None = None)
     pass, and a checkbox shows only the cells below a bar.
     """
     passes = _pass_data(fwd, bwd)
-    tabs, failing = [], []
-    for p, data in passes.items():
-        rows = ratio_rows(data, p)
-        failing.append(f"{p}: {sum(below_bar(r, PASSES[p]['ours']) for r in rows)}")
-        tabs.append((f"{p} ({len(rows)} cells)", ratio_table(data, p, rows)))
     bars = ("Bars (at N ≥ {n}): forward ≥ {f64:.2f}× cuDNN at d = 64, ≥ {f128:.2f}× at d = 128, ≥ {ff:.2f}× torch "
             "flash; backward ≥ {bc:.2f}× cuDNN, ≥ {bf:.2f}× torch flash.").format(
         n=BAR_MIN_N, f64=BARS[("forward", "sdpa-cudnn")][64], f128=BARS[("forward", "sdpa-cudnn")][128],
         ff=BARS[("forward", "sdpa-flash")], bc=BARS[("backward", "sdpa-cudnn")], bf=BARS[("backward", "sdpa-flash")])
     notes = [HOW_TO_READ, bars] + [n for n in (_missing_note(passes), _partial_note(passes)) if n]
-    return Tabs(tabs, title="Our best kernel as a multiple of torch's cuDNN and flash backends (ratio of TFLOP/s)",
-                subtitle=short_line([p for data in passes.values() for p in file_runs(data)]), notes=notes,
-                provenance=[line for p, data in passes.items() for line in file_lines(data, p)],
+    return _ratio_tabs(passes, "Our best kernel as a multiple of torch's cuDNN and flash backends (ratio of TFLOP/s)",
+                       notes)
+
+
+def _ratio_tabs(passes: dict[str, dict], title: str, notes: list[str], tab_label=lambda p: p) -> Tabs:
+    """One ratio table per pass (`ratio_rows`, `ratio_table`) in tabs, with the checkbox that keeps the cells
+    below a bar, and every file's run line and provenance."""
+    tabs, failing = [], []
+    for p, data in passes.items():
+        rows = ratio_rows(data, p)
+        failing.append(f"{p}: {sum(below_bar(r, ALL_PASSES[p]['ours']) for r in rows)}")
+        tabs.append((f"{tab_label(p)} ({len(rows)} cells)", ratio_table(data, p, rows)))
+    return Tabs(tabs, title=title, subtitle=short_line([p for data in passes.values() for p in file_runs(data)]),
+                notes=notes, provenance=[line for p, data in passes.items() for line in file_lines(data, p)],
                 only=f"only the cells below a bar ({', '.join(failing)})")
 
 
@@ -318,11 +325,6 @@ def bench_front_door(fwd: dict | bool | None = None, bwd: dict | bool | None = N
               if (data := load_optional(v["file"], given[p])) is not None}
     if not passes:
         raise FileNotFoundError("neither data/front_door_fwd.json nor data/front_door_bwd.json exists")
-    tabs, failing = [], []
-    for p, data in passes.items():
-        rows = ratio_rows(data, p)
-        failing.append(f"{p}: {sum(below_bar(r, FRONT_DOOR_PASSES[p]['ours']) for r in rows)}")
-        tabs.append((f"{p.removeprefix('front door, ')} ({len(rows)} cells)", ratio_table(data, p, rows)))
     f = BARS[("front door, forward", "sdpa-cudnn")]
     bars = (f"Bars (at N ≥ {BAR_MIN_N}): forward ≥ {f[64]:.2f}× cuDNN at d = 64, ≥ {f[128]:.2f}× at d = 128; "
             f"backward ≥ {BARS[('front door, backward', 'sdpa-cudnn')]:.2f}× cuDNN. Torch's flash backend "
@@ -330,8 +332,5 @@ def bench_front_door(fwd: dict | bool | None = None, bwd: dict | bool | None = N
     missing = "; ".join(f"{p} not measured yet (<i>python -m tutorial_kernels.bench {v['suite']}</i>)"
                         for p, v in FRONT_DOOR_PASSES.items() if p not in passes)
     notes = [HOW_TO_READ, bars] + [n for n in (missing, _partial_note(passes)) if n]
-    return Tabs(tabs, title="tutorial_kernels.flash_attention as a multiple of torch's cuDNN and flash backends "
-                "(ratio of TFLOP/s)",
-                subtitle=short_line([p for data in passes.values() for p in file_runs(data)]), notes=notes,
-                provenance=[line for p, data in passes.items() for line in file_lines(data, p)],
-                only=f"only the cells below a bar ({', '.join(failing)})")
+    return _ratio_tabs(passes, "tutorial_kernels.flash_attention as a multiple of torch's cuDNN and flash backends "
+                       "(ratio of TFLOP/s)", notes, tab_label=lambda p: p.removeprefix("front door, "))
