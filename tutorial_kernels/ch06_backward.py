@@ -300,6 +300,16 @@ def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     return {name: c for name, c in chosen.items() if c is not None} or None
 
 
+def attention_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """Δ = rowsum(dO ∘ O), (B, H, n_q) float32, from O and dO (B, H, n_q, d) of any strides."""
+    batch, heads, n_q, head_dim = o.shape
+    delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=o.device)
+    rows = 64
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, rows), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, n_q, head_dim, BLOCK_M=rows, BLOCK_D=head_dim_block(head_dim))
+    return delta
+
+
 # --8<-- [start:backward_launcher]
 def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *, tuned: bool = False,
                         configs: tuple[triton.Config, triton.Config] | None = None):
@@ -313,17 +323,12 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
                          f"got {tuple(do.shape)} {do.dtype}")
     block_d = head_dim_block(shape.head_dim)
     heads, n_q, n_k = shape.heads, shape.n_q, shape.n_k
-    delta = torch.empty((shape.batch, heads, n_q), dtype=torch.float32, device=q.device)
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # (B, H_kv, n_k, d): summed over each group
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     lse = lse.contiguous()  # (B, H, n_q), indexed as one row per (batch, head)
 
-    preprocess_rows = 64
-    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, preprocess_rows), shape.batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, n_q, shape.head_dim,
-        BLOCK_M=preprocess_rows, BLOCK_D=block_d,
-    )
+    delta = attention_delta(o, do)
     length_bucket = triton.next_power_of_2(max(n_q, n_k))  # a key for the autotuner only
     common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E,
               length_bucket)
@@ -390,5 +395,5 @@ def flash_attention(
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, tuned)
 
 
-__all__ = ["flash_attention", "flash_attn_backward", "FlashAttentionFunction", "tuned_backward_choice",
+__all__ = ["flash_attention", "flash_attn_backward", "attention_delta", "FlashAttentionFunction", "tuned_backward_choice",
            "TUNED_DKDV", "TUNED_DQ"]

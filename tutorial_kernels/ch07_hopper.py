@@ -40,7 +40,7 @@ from tutorial_kernels.tiling import LOG2_E
 from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs, check_out
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
-_tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
+tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 # --8<-- [start:tile_sizes]
 HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
@@ -133,8 +133,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
                 loaded += 1
             mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous O has left the buffer
             mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
-            _tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
-            _tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
+            tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
+            tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
             for t in range(1, n_tiles):
                 _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, t)
                 loaded += 1
@@ -153,8 +153,8 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded,
     mbarrier.wait(empty_bars.index(stage), ((loaded // stages) + 1) & 1, pred=loaded >= stages)
     full = full_bars.index(stage)
     mbarrier.expect(full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    _tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
-    _tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
+    tma_load(k_desc, [batch, kv_head, t * block_n, 0], full, k_smem.index(stage))
+    tma_load(v_desc, [batch, kv_head, t * block_n, 0], full, v_smem.index(stage))
 # --8<-- [end:load_kv_tile]
 # --8<-- [end:loader]
 
