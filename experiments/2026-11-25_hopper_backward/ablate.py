@@ -19,7 +19,7 @@ from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 
 SRC = Path(__file__).resolve().parents[2] / "tutorial_kernels" / "ch07_hopper_backward.py"
 ATOMIC = '    gl.atomic_add(ptrs, dq, mask=(rows < n_q)[:, None], sem="relaxed")'
-RED = ('    gl.inline_asm_elementwise("red.global.add.f32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [ptrs, dq], '
+RED = ('    gl.inline_asm_elementwise("red.global.add.f32 [$1], $2; mov.u32 $0, 0;", "=r,l,r", [ptrs.to(gl.int64, bitcast=True), dq], '
        'dtype=gl.int32, is_pure=False, pack=1)')
 VARIANTS = {
     "baseline": [],
