@@ -170,7 +170,7 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, full_bars, em
 
     rows = m * block_m + gl.arange(0, block_m, gl.SliceLayout(1, dq_layout))
     cols = WG * (head_dim // 2) + gl.arange(0, head_dim // 2, gl.SliceLayout(0, dq_layout))
-    ptrs = (dq_acc_ptr + bh * n_q * head_dim) + (rows[:, None] * head_dim + cols[None, :])  # 32-bit offsets
+    ptrs = dq_acc_ptr + (bh * n_q + rows[:, None]) * head_dim + cols[None, :]
     gl.atomic_add(ptrs, dq, mask=(rows < n_q)[:, None], sem="relaxed")  # dQ_acc += dS K (τ at the end)
     return dk, dv
 # --8<-- [end:step]
