@@ -61,8 +61,8 @@ def _key_tile(n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.c
     """This program's key tile, as (batch, kv_head, first_key, m_lo, m_full, n_m): the query tiles
     [m_lo, n_m) see some key of it, and [m_lo, m_full) need a mask (they cross the bottom-right
     causal diagonal, or the tile runs past n_k)."""
-    pid_bkv = gl.program_id(0)
-    first_key = gl.program_id(1) * block_n
+    first_key = gl.program_id(0) * block_n
+    pid_bkv = gl.program_id(1)
     kv_heads = n_heads // group_size
     n_m = gl.cdiv(n_q, block_m)
     if CAUSAL:
@@ -353,10 +353,7 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     q_block, kv_block = [1, 1, BLOCK_M, HEAD_DIM], [1, 1, BLOCK_N, HEAD_DIM]
     descs = (TensorDescriptor.from_tensor(q, q_block, q_layout), TensorDescriptor.from_tensor(k, kv_block, kv_layout),
              TensorDescriptor.from_tensor(v, kv_block, kv_layout), TensorDescriptor.from_tensor(do, q_block, q_layout))
-    # the GPU starts programs in order of their first index: every head's first key tile first, so
-    # the programs running at once add into different heads' dQ rows, and, causal, the longest
-    # (the first key tiles see the most queries) start first
-    grid = (batch * shape.kv_heads, triton.cdiv(shape.n_k, BLOCK_N))
+    grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)
     _flash_hopper_bwd[grid](
         *descs, lse, delta, dq_acc, TensorDescriptor.from_tensor(dk, q_block, q_layout),
         TensorDescriptor.from_tensor(dv, q_block, q_layout), heads, shape.group_size, n_q, shape.n_k,
