@@ -35,22 +35,20 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.ch06_backward import attention_delta
 from tutorial_kernels.ch07_hopper import HEAD_DIM, hopper_kernel_unavailable, tma_load
 from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs
 
-# Triton 3.6 names the TMA store async_copy_shared_to_global; later versions async_store.
-tma_store = tma.async_store if hasattr(tma, "async_store") else tma.async_copy_shared_to_global
 
 # --8<-- [start:tile_sizes]
 BLOCK_M = 64  # query rows per step: the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ dO
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
-STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32, dSᵀ 2 × 16, dK and dV staged for
-# their TMA stores 64: 224 of the 227 KiB allowed
-CONSUMER_REGS, LOADER_REGS = 240, 24
+STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32, dSᵀ 2 × 16, dS K (float32) 2 × 32:
+# 224 of the 227 KiB allowed
+CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 32, 32
 # --8<-- [end:tile_sizes]
 
 
@@ -109,11 +107,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv
 
 # --8<-- [start:step]
 @gluon.jit
-def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, full_bars, empty_bars, ds_full, ds_empty,
-          dk, dv, keys, lse_ptr, delta_ptr, dq_acc_ptr, n_q, n_k, qk_scale, WG: gl.constexpr,
+def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full, ds_empty,
+          dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale, WG: gl.constexpr,
           MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """One query tile m of head bh against this warpgroup's 64 keys: the five products of chapter 6,
-    dQ's shared with the other warpgroup through dSᵀ in shared memory."""
+    dQ's shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the
+    dQ writer through shared memory."""
     dtype: gl.constexpr = k_w.dtype
     stages: gl.constexpr = q_smem.shape[0]
     block_m: gl.constexpr = q_smem.shape[3]
@@ -167,19 +166,19 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, full_bars, em
     dq, dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=[dq, dv, dk])
     mbarrier.arrive(ds_empty.index(buf), count=1)
     mbarrier.arrive(empty_bars.index(stage), count=1)  # Q and dO of this stage are no longer read
-
-    rows = m * block_m + gl.arange(0, block_m, gl.SliceLayout(1, dq_layout))
-    cols = WG * (head_dim // 2) + gl.arange(0, head_dim // 2, gl.SliceLayout(0, dq_layout))
-    ptrs = dq_acc_ptr + (bh * n_q + rows[:, None]) * head_dim + cols[None, :]
-    gl.atomic_add(ptrs, dq, mask=(rows < n_q)[:, None], sem="relaxed")  # dQ_acc += dS K (τ at the end)
+    # the atomic additions of dQ into memory would hold this warpgroup for as long as the products
+    # take (measured): the dQ writer warp issues them while the warpgroups go on to the next tile
+    mbarrier.wait(dq_empty.index(buf), ((step // 2) + 1) & 1, pred=step >= 2)  # written out 2 steps ago
+    dq_smem.index(2 * buf + WG).store(dq)
+    mbarrier.arrive(dq_full.index(buf), count=1)
     return dk, dv
 # --8<-- [end:step]
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-              lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc, out_smem, n_heads, group_size, n_q, n_k, qk_scale, sm_scale,
-              WG: gl.constexpr, CAUSAL: gl.constexpr):
+def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
+              dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+              sm_scale, WG: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup: keys first_key + 64·WG … + 63 against every query tile that sees the key tile,
     masked steps first; then dK = τ dSᵀ Q and dV = Pᵀ dO of its 64 keys to memory."""
     dtype: gl.constexpr = k_smem.dtype
@@ -205,45 +204,83 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empt
     for h in range(group_size):
         bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
         for m in range(m_lo, m_full):  # the diagonal and the ragged end
-            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, full_bars, empty_bars, ds_full,
-                           ds_empty, dk, dv, keys, lse_ptr, delta_ptr, dq_acc_ptr, n_q, n_k, qk_scale, WG, True,
-                           CAUSAL)
+            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
+                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+                           WG, True, CAUSAL)
             step += 1
         for m in range(m_full, n_m):  # query tiles that see every key of the tile
-            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, full_bars, empty_bars, ds_full,
-                           ds_empty, dk, dv, keys, lse_ptr, delta_ptr, dq_acc_ptr, n_q, n_k, qk_scale, WG, False,
-                           CAUSAL)
+            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
+                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+                           WG, False, CAUSAL)
             step += 1
 
-    # dK and dV of these 64 keys (one writer, a fixed order of sums) leave by TMA from this
-    # warpgroup's own staging buffers: the copy engine drops rows past n_k, and no thread holds 64
-    # addresses per tile at the end of a loop that already fills the registers
-    first_row = first_key + WG * half
-    dk_out = out_smem.index(2 * WG)
-    dk_out.reshape([half, head_dim]).store((dk * sm_scale).to(dtype))  # dK = τ dSᵀ Q
-    dv_out = out_smem.index(2 * WG + 1)
-    dv_out.reshape([half, head_dim]).store(dv.to(dtype))
-    fence_async_shared()  # the stores above, visible to the copy engine
-    tma_store(dk_desc, [batch, kv_head, first_row, 0], dk_out)
-    tma_store(dv_desc, [batch, kv_head, first_row, 0], dv_out)
-    tma.store_wait(0)
+    # dK and dV of these 64 keys: one writer each, sums in a fixed order. dk and dv are (B, H_kv, n_k,
+    # head_dim), contiguous (the launcher allocates them).
+    rows = first_key + WG * half + gl.arange(0, half, gl.SliceLayout(1, kv_layout))
+    cols = gl.arange(0, head_dim, gl.SliceLayout(0, kv_layout))
+    offsets = ((batch * (n_heads // group_size) + kv_head) * n_k + rows[:, None]).to(gl.int64) * head_dim + cols[None, :]
+    gl.store(dk_ptr + offsets, (dk * sm_scale).to(dtype), mask=(rows < n_k)[:, None])  # dK = τ dSᵀ Q
+    gl.store(dv_ptr + offsets, dv.to(dtype), mask=(rows < n_k)[:, None])
+
+
+# --8<-- [start:dq_writer]
+@gluon.jit
+def _red_add_f32x4(addresses, values):
+    """*address += value for groups of 4 consecutive float32 (16-byte aligned), one vector reduction
+    each (`red.global.add.v4.f32`, Hopper): Triton 3.6's atomic_add issues one scalar atom per float."""
+    return gl.inline_asm_elementwise(
+        "red.global.add.v4.f32 [$4], {$8, $9, $10, $11}; mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0;",
+        "=r,=r,=r,=r,l,l,l,l,r,r,r,r", [addresses.to(gl.int64, bitcast=True), values], dtype=gl.int32,
+        is_pure=False, pack=4)
+
+
+@gluon.jit
+def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+    """One warp: each step's 64 × head_dim tile of dS K, which the consumers leave in shared memory,
+    added into the float32 dQ accumulator (its rows padded to whole tiles: no mask), a few rows at a
+    time; then the buffer goes back to the consumers."""
+    block_n: gl.constexpr = k_smem.shape[2]
+    block_m: gl.constexpr = dq_smem.shape[1]
+    cols_per_wg: gl.constexpr = dq_smem.shape[2]
+    chunk: gl.constexpr = 4  # rows per load (the swizzle repeats every 4): 4 × 64 floats, 8 per lane
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])  # 4 consecutive floats per lane
+    batch, kv_head, first_key, m_lo, m_full, n_m = _key_tile(n_heads, group_size, n_q, n_k, CAUSAL, block_m,
+                                                             block_n)
+    offsets = (gl.arange(0, chunk, gl.SliceLayout(1, layout))[:, None] * (2 * cols_per_wg)
+               + gl.arange(0, cols_per_wg, gl.SliceLayout(0, layout))[None, :])
+    step = 0
+    for h in range(group_size):
+        bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
+        for m in range(m_lo, n_m):
+            buf = step % 2
+            mbarrier.wait(dq_full.index(buf), (step // 2) & 1)
+            tile = dq_acc_ptr + (bh * n_m + m) * (block_m * 2 * cols_per_wg)  # query rows m·64 … of head bh
+            for w in gl.static_range(2):
+                for r in gl.static_range(0, block_m, chunk):
+                    part = dq_smem.index(2 * buf + w).slice(r, chunk, dim=0).load(layout)
+                    _red_add_f32x4(tile + (r * 2 * cols_per_wg + w * cols_per_wg) + offsets, part)
+            mbarrier.arrive(dq_empty.index(buf), count=1)
+            step += 1
+# --8<-- [end:dq_writer]
 
 
 # Worker partitions take no compile-time arguments (Triton 3.6): one wrapper per value of CAUSAL.
 @gluon.jit
-def _consumer_1_causal(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-                       lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc, out_smem, n_heads, group_size, n_q, n_k,
-                     qk_scale, sm_scale):
-    _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-              lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc, out_smem, n_heads, group_size, n_q, n_k, qk_scale, sm_scale, 1, True)
+def _consumer_1_causal(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
+                       ds_empty, dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k,
+                       qk_scale, sm_scale):
+    _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
+              dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+              sm_scale, 1, True)
 
 
 @gluon.jit
-def _consumer_1_full(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-                     lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc, out_smem, n_heads, group_size, n_q, n_k,
+def _consumer_1_full(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
+                     ds_empty, dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k,
                      qk_scale, sm_scale):
-    _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-              lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc, out_smem, n_heads, group_size, n_q, n_k, qk_scale, sm_scale, 1, False)
+    _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
+              dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+              sm_scale, 1, False)
 
 
 @gluon.jit
@@ -260,14 +297,25 @@ def _loader_full(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_sme
             n_heads, group_size, n_q, n_k, False)
 
 
+@gluon.jit
+def _dq_writer_causal(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, True)
+
+
+@gluon.jit
+def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, False)
+
+
 # --8<-- [start:kernel]
 @gluon.jit
-def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc,
+def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_acc_ptr, dk_ptr, dv_ptr,
                       n_heads, group_size, n_q, n_k, qk_scale, sm_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      LOADER_REGS: gl.constexpr):
-    """One program per (128-key tile, batch × key/value head): a loader warp and two consumer
-    warpgroups (64 keys each) over every query tile of the group's heads that sees the tile."""
+                      LOADER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
+    """One program per (128-key tile, batch × key/value head): a loader warp, two consumer
+    warpgroups (64 keys each) and a dQ writer warp, over every query tile of the group's heads that
+    sees the tile."""
     block_m: gl.constexpr = q_desc.block_type.shape[2]
     block_n: gl.constexpr = k_desc.block_type.shape[2]
     head_dim: gl.constexpr = k_desc.block_type.shape[3]
@@ -280,12 +328,16 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ac
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_m, head_dim], do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * half, block_m], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * half, block_m], ds_layout)  # dSᵀ, double-buffered
-    out_smem = gl.allocate_shared_memory(dtype, [4, 1, 1, half, head_dim], dk_desc.layout)  # dK, dV per warpgroup
+    # dS K, double-buffered, as two 64-column halves (one per consumer); rows of 64 floats swizzled
+    dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
+    dq_smem = gl.allocate_shared_memory(gl.float32, [4, block_m, head_dim // 2], dq_layout)  # [2 · buffer + half]
     kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_full, count=1)  # completed by K's and V's bytes arriving
     for i in gl.static_range(STAGES):
         mbarrier.init(full_bars.index(i), count=1)  # completed by Q's and dO's bytes arriving
@@ -293,20 +345,25 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ac
     for i in gl.static_range(2):
         mbarrier.init(ds_full.index(i), count=2)  # both halves of dSᵀ written
         mbarrier.init(ds_empty.index(i), count=2)  # both dQ products done reading it
+        mbarrier.init(dq_full.index(i), count=2)  # both halves of dS K written
+        mbarrier.init(dq_empty.index(i), count=1)  # the writer done adding it into memory
     fence_async_shared()
 
-    consumer_args = (k_smem, v_smem, q_smem, do_smem, ds_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-                     lse_ptr, delta_ptr, dq_acc_ptr, dk_desc, dv_desc, out_smem, n_heads, group_size, n_q, n_k,
+    consumer_args = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
+                     ds_empty, dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k,
                      qk_scale, sm_scale)
     loader_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
                    n_heads, group_size, n_q, n_k)
-    # the default partition (4 warps) is consumer 0; the workers are consumer 1 and the loader
+    writer_args = (k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k)
+    # the default partition (4 warps) is consumer 0; the workers are consumer 1, the loader and the writer
     if CAUSAL:
         gl.warp_specialize([(_consumer, consumer_args + (0, CAUSAL)), (_consumer_1_causal, consumer_args),
-                            (_loader_causal, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                            (_loader_causal, loader_args), (_dq_writer_causal, writer_args)], [4, 1, 1],
+                           [CONSUMER_REGS, LOADER_REGS, WRITER_REGS])
     else:
         gl.warp_specialize([(_consumer, consumer_args + (0, CAUSAL)), (_consumer_1_full, consumer_args),
-                            (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                            (_loader_full, loader_args), (_dq_writer_full, writer_args)], [4, 1, 1],
+                           [CONSUMER_REGS, LOADER_REGS, WRITER_REGS])
 # --8<-- [end:kernel]
 
 
@@ -346,21 +403,22 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     batch, heads, n_q, head_dim = q.shape
     delta = attention_delta(o, do)  # Δ = rowsum(dO ∘ O), (B, H, n_q) float32
     lse = lse.contiguous()
-    dq_acc = torch.zeros((batch, heads, n_q, head_dim), dtype=torch.float32, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     q_layout, kv_layout = _tile_layouts(q.dtype)
     q_block, kv_block = [1, 1, BLOCK_M, HEAD_DIM], [1, 1, BLOCK_N, HEAD_DIM]
     descs = (TensorDescriptor.from_tensor(q, q_block, q_layout), TensorDescriptor.from_tensor(k, kv_block, kv_layout),
              TensorDescriptor.from_tensor(v, kv_block, kv_layout), TensorDescriptor.from_tensor(do, q_block, q_layout))
+    # dQ's float32 accumulator, its rows padded to whole query tiles so that the writer needs no mask
+    dq_acc = torch.zeros((batch, heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M, head_dim), dtype=torch.float32,
+                         device=q.device)
     grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)
     _flash_hopper_bwd[grid](
-        *descs, lse, delta, dq_acc, TensorDescriptor.from_tensor(dk, q_block, q_layout),
-        TensorDescriptor.from_tensor(dv, q_block, q_layout), heads, shape.group_size, n_q, shape.n_k,
-        shape.sm_scale * 1.4426950408889634, shape.sm_scale,
-        CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
+        *descs, lse, delta, dq_acc, dk, dv, heads, shape.group_size, n_q, shape.n_k,
+        shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bool(causal), STAGES=STAGES,
+        CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, WRITER_REGS=WRITER_REGS, num_warps=4,
     )
-    dq = dq_acc.mul_(shape.sm_scale).to(q.dtype)  # dQ = τ dS K, one rounding
+    dq = dq_acc[:, :, :n_q].mul_(shape.sm_scale).to(q.dtype)  # dQ = τ dS K, one rounding
     return dq, dk, dv
 # --8<-- [end:launcher]
 
