@@ -48,7 +48,7 @@ BLOCK_M = 64  # query rows per step: the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
 STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32, dSᵀ 2 × 16, dS K (float32) 2 × 32:
 # 224 of the 227 KiB allowed
-CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 32, 32
+CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 24, 24  # the loader and the writer share a warpgroup
 # --8<-- [end:tile_sizes]
 
 

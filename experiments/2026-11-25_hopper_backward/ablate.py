@@ -66,6 +66,12 @@ VARIANTS = {
 VARIANTS["red_v2"] = [(DQ_ADD, RED_V2)]
 VARIANTS["red_v4_ptr_epilogue"] = [(DQ_ADD, RED_V4), (TMA_EPILOGUE, PTR_EPILOGUE), NO_OUT_SMEM, PTR_LAUNCH]
 VARIANTS["red_v2_ptr_epilogue"] = [(DQ_ADD, RED_V2), (TMA_EPILOGUE, PTR_EPILOGUE), NO_OUT_SMEM, PTR_LAUNCH]
+HEAD_FASTEST = [("    first_key = gl.program_id(0) * block_n\n    pid_bkv = gl.program_id(1)",
+                 "    pid_bkv = gl.program_id(0)\n    first_key = gl.program_id(1) * block_n"),
+                ("    grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)",
+                 "    grid = (batch * shape.kv_heads, triton.cdiv(shape.n_k, BLOCK_N))")]
+if os.environ.get("ABLATE_ONLY"):
+    VARIANTS = {"baseline": [], "head_fastest": HEAD_FASTEST}
 extra = json.loads(os.environ.get("ABLATE_EXTRA", "{}"))
 VARIANTS.update({k: [tuple(p) for p in v] for k, v in extra.items()})
 
@@ -83,7 +89,7 @@ for name, subs in VARIANTS.items():
     spec = importlib.util.spec_from_file_location(f"hb_{name}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    for n, causal in ((4096, False), (4096, True)):
+    for n, causal in ((4096, False), (4096, True), (16384, True)):
         b, h = 16384 // n, 16
         q, k, v, do = (torch.randn(b, h, n, 128, device="cuda", dtype=torch.float16) for _ in range(4))
         o, lse = flash_attn_v2_with_lse(q, k, v, causal)
