@@ -107,24 +107,12 @@ def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv
 
 # --8<-- [start:step]
 @gluon.jit
-def _row_stats(lse_ptr, delta_ptr, bh, m, n_q, valid, block_m: gl.constexpr, layout: gl.constexpr):
-    """log-sum-exp (log₂ units) and Δ of query tile m of head bh, one per column of Sᵀ; nothing is
-    read where `valid` is false. A query that sees no key has lse = −∞: +∞ instead makes its
-    P = 2^(s − ∞) = 0 (rows past n_q too)."""
-    queries = m * block_m + gl.arange(0, block_m, layout)
-    ok = (queries < n_q) & valid
-    lse = gl.load(lse_ptr + bh * n_q + queries, mask=ok, other=float("inf"))
-    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)
-    return lse2, gl.load(delta_ptr + bh * n_q + queries, mask=ok, other=0.0)
-
-
-@gluon.jit
-def _step(step, m, masked, lse2, delta, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
-          ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
-          CAUSAL: gl.constexpr):
-    """One query tile m against this warpgroup's 64 keys: the five products of chapter 6, dQ's
-    shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the dQ
-    writer through shared memory. `masked`: the tile crosses the causal diagonal or n_k."""
+def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full, ds_empty,
+          dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale, WG: gl.constexpr,
+          MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+    """One query tile m of head bh against this warpgroup's 64 keys: the five products of chapter 6,
+    dQ's shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the
+    dQ writer through shared memory."""
     dtype: gl.constexpr = k_w.dtype
     stages: gl.constexpr = q_smem.shape[0]
     block_m: gl.constexpr = q_smem.shape[3]
@@ -137,6 +125,14 @@ def _step(step, m, masked, lse2, delta, k_w, v_w, k_cols, q_smem, do_smem, ds_sm
                                                         instr_shape=[16, head_dim // 2, 16])  # queries × d/2
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
 
+    # the query tile's log-sum-exp and Δ, one per column of Sᵀ; loaded before waiting for Q and dO
+    queries = m * block_m + gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
+    q_ok = queries < n_q
+    lse = gl.load(lse_ptr + bh * n_q + queries, mask=q_ok, other=float("inf"))
+    # a query that sees no key has lse = −∞; +∞ makes its P = 2^(s − ∞) = 0 (rows past n_q too)
+    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log₂ units
+    delta = gl.load(delta_ptr + bh * n_q + queries, mask=q_ok, other=0.0)
+
     stage = step % stages
     mbarrier.wait(full_bars.index(stage), (step // stages) & 1)
     q = q_smem.index(stage).reshape([block_m, head_dim])
@@ -146,10 +142,9 @@ def _step(step, m, masked, lse2, delta, k_w, v_w, k_cols, q_smem, do_smem, ds_sm
     dp_t = warpgroup_mma(v_w, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)  # dPᵀ = V_w dOᵀ
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])  # Sᵀ is done, dPᵀ may still run
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τSᵀ − lse}, recomputed
-    if masked:
+    if MASKED:
         visible = keys[:, None] < n_k  # a zero key past n_k would still get P = e^{−lse}
         if CAUSAL:
-            queries = m * block_m + gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
             visible = visible & (keys[:, None] <= queries[None, :] + (n_k - n_q))  # bottom-right
         p_t = gl.where(visible, p_t, 0.0)
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
@@ -174,7 +169,7 @@ def _step(step, m, masked, lse2, delta, k_w, v_w, k_cols, q_smem, do_smem, ds_sm
     # the atomic additions of dQ into memory would hold this warpgroup for as long as the products
     # take (measured): the dQ writer warp issues them while the warpgroups go on to the next tile
     mbarrier.wait(dq_empty.index(buf), ((step // 2) + 1) & 1, pred=step >= 2)  # written out 2 steps ago
-    dq_smem.index(2 * buf + WG).store(dq * sm_scale)  # dQ = τ dS K
+    dq_smem.index(2 * buf + WG).store(dq)
     mbarrier.arrive(dq_full.index(buf), count=1)
     return dk, dv
 # --8<-- [end:step]
@@ -204,22 +199,20 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
     keys = first_key + WG * half + gl.arange(0, half, gl.SliceLayout(1, st_layout))
     dk = gl.zeros([half, head_dim], gl.float32, kv_layout)
     dv = gl.zeros([half, head_dim], gl.float32, kv_layout)
-    stats_layout: gl.constexpr = gl.SliceLayout(0, st_layout)
-    first_bh = (batch * n_heads + kv_head * group_size).to(gl.int64)
-    per_head = n_m - m_lo  # steps per query head: its query tiles that see this key tile, masked first
-    steps = group_size * per_head
-    lse2, delta = _row_stats(lse_ptr, delta_ptr, first_bh, m_lo, n_q, steps > 0, block_m, stats_layout)
     mbarrier.wait(kv_full, 0)
-    for step in range(steps):
-        m = m_lo + step % per_head
-        # the next step's log-sum-exp and Δ, read now so that their latency hides behind this step
-        after = step + 1
-        lse2_next, delta_next = _row_stats(lse_ptr, delta_ptr, first_bh + after // per_head, m_lo + after % per_head,
-                                           n_q, after < steps, block_m, stats_layout)
-        dk, dv = _step(step, m, m < m_full, lse2, delta, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem,
-                       full_bars, empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, n_q, n_k, qk_scale,
-                       sm_scale, WG, CAUSAL)
-        lse2, delta = lse2_next, delta_next
+    step = 0
+    for h in range(group_size):
+        bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
+        for m in range(m_lo, m_full):  # the diagonal and the ragged end
+            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
+                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+                           WG, True, CAUSAL)
+            step += 1
+        for m in range(m_full, n_m):  # query tiles that see every key of the tile
+            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
+                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+                           WG, False, CAUSAL)
+            step += 1
 
     # dK and dV of these 64 keys: one writer each, sums in a fixed order. dk and dv are (B, H_kv, n_k,
     # head_dim), contiguous (the launcher allocates them).
@@ -425,7 +418,7 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
         shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bool(causal), STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, WRITER_REGS=WRITER_REGS, num_warps=4,
     )
-    dq = dq_acc[:, :, :n_q].to(q.dtype)  # one rounding
+    dq = dq_acc[:, :, :n_q].mul_(shape.sm_scale).to(q.dtype)  # dQ = τ dS K, one rounding
     return dq, dk, dv
 # --8<-- [end:launcher]
 
