@@ -108,7 +108,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv
 # --8<-- [start:step]
 @gluon.jit
 def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full, ds_empty,
-          dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale, WG: gl.constexpr,
+          dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
           MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """One query tile m of head bh against this warpgroup's 64 keys: the five products of chapter 6,
     dQ's shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the
@@ -169,7 +169,7 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
     # the atomic additions of dQ into memory would hold this warpgroup for as long as the products
     # take (measured): the dQ writer warp issues them while the warpgroups go on to the next tile
     mbarrier.wait(dq_empty.index(buf), ((step // 2) + 1) & 1, pred=step >= 2)  # written out 2 steps ago
-    dq_smem.index(2 * buf + WG).store(dq)
+    dq_smem.index(2 * buf + WG).store(dq * sm_scale)  # dQ = τ dS K
     mbarrier.arrive(dq_full.index(buf), count=1)
     return dk, dv
 # --8<-- [end:step]
@@ -206,12 +206,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
         for m in range(m_lo, m_full):  # the diagonal and the ragged end
             dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
                            ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
-                           WG, True, CAUSAL)
+                           sm_scale, WG, True, CAUSAL)
             step += 1
         for m in range(m_full, n_m):  # query tiles that see every key of the tile
             dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
                            ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
-                           WG, False, CAUSAL)
+                           sm_scale, WG, False, CAUSAL)
             step += 1
 
     # dK and dV of these 64 keys: one writer each, sums in a fixed order. dk and dv are (B, H_kv, n_k,
@@ -418,7 +418,7 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
         shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bool(causal), STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, WRITER_REGS=WRITER_REGS, num_warps=4,
     )
-    dq = dq_acc[:, :, :n_q].mul_(shape.sm_scale).to(q.dtype)  # dQ = τ dS K, one rounding
+    dq = dq_acc[:, :, :n_q].to(q.dtype)  # one rounding
     return dq, dk, dv
 # --8<-- [end:launcher]
 
