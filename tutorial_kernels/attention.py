@@ -6,12 +6,15 @@
 
 Which kernel runs (`kernel_for`):
 
-* gradients needed (autograd is recording and an input requires grad): chapter 5's forward with its
-  log-sum-exp, then chapter 6's backward kernels — autotuned on a GPU, the teaching configuration
-  in Triton's interpreter on the CPU;
-* inference on a Hopper GPU where chapter 7's kernel applies and is the faster
-  (`ch07_hopper.preferred_over_triton`): FlashAttention-3's schedule in Gluon;
-* inference elsewhere on a GPU: chapter 5's autotuned Triton kernel; on the CPU, its teaching one.
+* the forward: on a Hopper GPU where chapter 7's kernel applies and is the faster
+  (`ch07_hopper.preferred_over_triton`), FlashAttention-3's schedule in Gluon; elsewhere on a GPU,
+  chapter 5's autotuned Triton kernel; on the CPU, its teaching configuration in Triton's interpreter.
+  With gradients needed (autograd is recording and an input requires grad) the same kernels also
+  write each row's log-sum-exp;
+* the backward: on a Hopper GPU where chapter 7's backward applies and is the faster
+  (`ch07_hopper_backward.preferred_over_triton`), its Gluon kernel, unless
+  `torch.use_deterministic_algorithms(True)` asks for reproducible gradients (its dQ is summed with
+  atomic additions); elsewhere chapter 6's kernels, autotuned on a GPU.
 
 Both calls are `torch.library` custom operators (`tutorial_kernels::attention_into`, `::attention_fwd`,
 `::attention_bwd`) with fake implementations for shapes and an autograd formula, so that
@@ -29,9 +32,11 @@ from __future__ import annotations
 
 import torch
 
+from tutorial_kernels import ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import flash_attn_backward
-from tutorial_kernels.ch07_hopper import flash_attn_hopper, hopper_kernel_unavailable, preferred_over_triton
+from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
+                                          preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
@@ -40,16 +45,28 @@ MAX_DECISIONS = 4096  # remembered calls (`flash_attention`); forgotten all at o
 _DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale)
 
 
-def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *, training: bool,
+def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
                out: torch.Tensor | None = None) -> str:
-    """Which kernel `flash_attention` runs for these (validated) inputs: "triton-interpreter",
-    "triton-tuned" or "hopper" (forward); a training call always runs chapter 5's Triton forward, which
-    also writes the log-sum-exp the backward needs (the Hopper kernel does not). The Hopper kernel
-    writes `out` with its head dimension contiguous, so another layout of `out` goes to Triton."""
+    """Which forward kernel `flash_attention` runs for these (validated) inputs: "triton-interpreter",
+    "triton-tuned" or "hopper", for inference and training alike (training adds the log-sum-exp). The
+    Hopper kernel writes `out` with its head dimension contiguous, so another layout of `out` goes to Triton."""
     if not q.is_cuda:
         return "triton-interpreter"
-    if (not training and preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None
+    if (preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None
             and (out is None or out.stride(3) == 1)):
+        return "hopper"
+    return "triton-tuned"
+
+
+def backward_kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> str:
+    """Which backward `flash_attention`'s gradients run: "hopper" (chapter 7's Gluon kernel),
+    "triton-tuned" or "triton-interpreter" (chapter 6's kernels). Under
+    `torch.use_deterministic_algorithms(True)` never "hopper": its dQ sums in no fixed order."""
+    if not q.is_cuda:
+        return "triton-interpreter"
+    if (not torch.are_deterministic_algorithms_enabled()
+            and ch07_hopper_backward.preferred_over_triton(q, k, causal)
+            and ch07_hopper_backward.hopper_backward_unavailable(q, k, v, do) is None):
         return "hopper"
     return "triton-tuned"
 
@@ -68,7 +85,7 @@ def _launch(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out:
 def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
               sm_scale: float) -> None:
     """Inference: O = softmax(sm_scale · Q Kᵀ) V written into `out` (B, H, n_q, d), any dense layout."""
-    _launch(kernel_for(q, k, v, causal, training=False, out=out), q, k, v, out, causal, sm_scale)
+    _launch(kernel_for(q, k, v, causal, out=out), q, k, v, out, causal, sm_scale)
 
 
 # The same body as an operator torch.compile can trace. Eager calls skip the operator: its dispatch
@@ -85,6 +102,8 @@ def _(q, k, v, out, causal, sm_scale):
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Training forward: (O (B, H, n_q, d), lse (B, H, n_q) float32, log Σ_j e^{S_ij})."""
+    if kernel_for(q, k, v, causal) == "hopper":
+        return flash_attn_hopper_with_lse(q, k, v, causal, sm_scale)
     return flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=q.is_cuda)
 
 
@@ -97,9 +116,12 @@ def _(q, k, v, causal, sm_scale):
 @torch.library.custom_op("tutorial_kernels::attention_bwd", mutates_args=())
 def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                    lse: torch.Tensor, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) from dO and the forward's O and log-sum-exp (chapter 6's kernels)."""
+    """(dQ, dK, dV) from dO and the forward's O and log-sum-exp (`backward_kernel_for` says whose)."""
     # dO arrives with whatever strides autograd built (stride 0 after .sum()): a dense copy reads faster
-    return flash_attn_backward(q, k, v, o, lse, do.contiguous(), causal, sm_scale, tuned=q.is_cuda)
+    do = do.contiguous()
+    if backward_kernel_for(q, k, v, do, causal) == "hopper":
+        return ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, causal, sm_scale)
+    return flash_attn_backward(q, k, v, o, lse, do, causal, sm_scale, tuned=q.is_cuda)
 
 
 @_attention_bwd.register_fake
@@ -150,7 +172,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     decision = _DECISIONS.get(key) if key is not None else None
     if decision is None:
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
-        decision = ("train" if training else kernel_for(q, k, v, causal, training=False, out=out), scale)
+        decision = ("train" if training else kernel_for(q, k, v, causal, out=out), scale)
         if key is not None:
             if len(_DECISIONS) >= MAX_DECISIONS:
                 _DECISIONS.clear()
@@ -225,4 +247,4 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 # --8<-- [end:sdpa]
 
 
-__all__ = ["flash_attention", "scaled_dot_product_attention", "kernel_for", "MAX_HEAD_DIM"]
+__all__ = ["flash_attention", "scaled_dot_product_attention", "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]

@@ -214,7 +214,8 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n
                  CAUSAL: gl.constexpr):
     """One warpgroup's 64 query rows from row0 on against the key tiles of one work item, which are
     the program's ring tiles used, used + 1, …: tiles [0, n_full) unmasked, [n_full, n_tiles)
-    masked, both in FA3's overlapped order. Returns the un-normalised O and the row sums ℓ."""
+    masked, both in FA3's overlapped order. Returns the un-normalised O, the row sums ℓ and the row
+    maxima m (log₂ units of the scaled scores)."""
     dtype: gl.constexpr = k_smem.dtype
     rows_per_wg: gl.constexpr = q.shape[0]
     stages: gl.constexpr = k_smem.shape[0]
@@ -256,12 +257,12 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n
         last = (used + n_tiles - 1) % stages
         acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
         mbarrier.arrive(empty_bars.index(last), count=1)
-    return acc, l_i
+    return acc, l_i, m_i
 
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
+              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
               CAUSAL: gl.constexpr):
     """One warpgroup, for each work item dealt to this program: its 64 query rows (the WG-th half of
     the item's Q tile) through `_attend_item`, then O / ℓ to memory, by way of its half of the Q
@@ -280,8 +281,8 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
                 w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
             row0 = first_row + WG * rows_per_wg
             mbarrier.wait(q_full, started & 1)
-            acc, l_i = _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n_tiles,
-                                    n_q, n_k, qk_scale, CAUSAL)
+            acc, l_i, m_i = _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n_tiles,
+                                         n_q, n_k, qk_scale, CAUSAL)
             used += n_tiles
             started += 1
 
@@ -307,6 +308,10 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
             gl.store(ptrs, o_rows, mask=(rows < n_q)[:, None])
             # --8<-- [end:stage_output]
+            if write_lse:  # for the backward: lse = log Σ_j e^{τ s_j} = ln 2 · (m + log₂ ℓ), −∞ where ℓ = 0
+                lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, float("-inf"))
+                lse_rows = row0 + gl.arange(0, rows_per_wg, l_i.type.layout)
+                gl.store(lse_ptr + (batch * n_heads + head).to(gl.int64) * n_q + lse_rows, lse, mask=lse_rows < n_q)
 # --8<-- [end:consumer]
 
 
@@ -314,23 +319,24 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
 # and the loader get one small wrapper per value of CAUSAL.
 @gluon.jit
 def _consumer_1_causal(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                       stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
+                       stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
     _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
+              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
 
 
 @gluon.jit
 def _consumer_1_full(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                     stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
+                     stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
     _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
+              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
 
 
 @gluon.jit
 def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, CAUSAL: gl.constexpr):
+                stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
+                CAUSAL: gl.constexpr):
     _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
+              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
 
 
 @gluon.jit
@@ -349,7 +355,7 @@ def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty
 
 # --8<-- [start:kernel]
 @gluon.jit
-def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om,
+def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om, lse_ptr, write_lse,
                       n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr):
@@ -382,7 +388,7 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
 
     items = (n_items, n_bh, section, n_heads, group_size, n_q, n_k)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                     stride_om) + items + (qk_scale,)
+                     stride_om, lse_ptr, write_lse) + items + (qk_scale,)
     loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars) + items
     # --8<-- [start:warp_specialize]
     # the default partition (this program's 4 warps) is consumer 0; the workers are consumer 1 (4
@@ -439,7 +445,7 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     plan = attention_call_key(q, k, v, out, causal, sm_scale)  # a call like an earlier one: launch directly
     if plan in _launches:
         out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-        if _launches.relaunch(plan, *_descriptors(q, k, v), out):
+        if _launches.relaunch(plan, *_descriptors(q, k, v), out, out):  # out again: no lse written
             return out
     # runs_triton=False: the device rules are this kernel's own (hopper_kernel_unavailable)
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
@@ -458,6 +464,27 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
             raise ValueError(f"out: the Hopper kernel writes rows of head_dim contiguous elements, got strides "
                              f"{out.stride()}")
     return _launch(q, k, v, causal, shape.sm_scale, out, plan=plan)
+
+
+def flash_attn_hopper_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                               sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, lse): `flash_attn_hopper`'s output and the log-sum-exp of every query row, (B, H, n_q)
+    float32, log Σ_j e^{sm_scale · S_ij} (−∞ for a row that sees no key), which the backward needs.
+    The same inputs, conventions and errors as `flash_attn_hopper`."""
+    plan = attention_call_key(q, k, v, None, causal, sm_scale, "lse")
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
+    if plan in _launches and _launches.relaunch(plan, *_descriptors(q, k, v), out, lse):
+        return out, lse
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
+                                   allow_gqa=True, runs_triton=False)
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q.dtype: the Hopper kernel runs torch.float16 and torch.bfloat16, got {q.dtype}; "
+                        "use chapter 5's flash_attn_v2_with_lse for float32")
+    why_not = hopper_kernel_unavailable(q, k, v)
+    if why_not is not None:
+        raise UnsupportedShape(f"q, k, v: the Hopper kernel {why_not}; use chapter 5's flash_attn_v2_with_lse")
+    return _launch(q, k, v, causal, shape.sm_scale, out, lse=lse, plan=plan), lse
 
 
 @functools.lru_cache(maxsize=None)
@@ -524,8 +551,8 @@ def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
             TensorDescriptor.from_tensor(v, [1, 1, BLOCK_N, HEAD_DIM], kv_layout))
 
 
-def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs: int | None = None,
-            section: int | None = None, plan: Hashable | None = None) -> torch.Tensor:
+def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torch.Tensor | None = None,
+            programs: int | None = None, section: int | None = None, plan: Hashable | None = None) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
     Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory
@@ -537,7 +564,8 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
     for a reason not established) one program per item and sections of one (batch, head):
     the GPU starts each program as an SM frees up, in order, which balances causal items of one head
     as well. `programs` and `section` override the choice (tests, probes). `plan`: the key under
-    which to remember the launch (`launch_plan.py`), None not to."""
+    which to remember the launch (`launch_plan.py`), None not to. `lse`, if given, (B, H, n_q) float32,
+    receives each row's log-sum-exp."""
     if programs is not None or section is not None:
         plan = None  # a forced schedule is not the one the key stands for
     batch, heads, n_q, _ = q.shape
@@ -553,11 +581,12 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, programs:
     _launches.launch(
         plan, (programs,),
         *_descriptors(q, k, v), out, out.stride(0), out.stride(1), out.stride(2),
+        out if lse is None else lse, int(lse is not None),  # without lse, out stands in: never written
         batch * heads, section, heads, group_size, n_q, n_k, sm_scale * LOG2_E,
         CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out
 
 
-__all__ = ["flash_attn_hopper", "hopper_kernel_unavailable", "preferred_over_triton", "runs_persistent",
+__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "preferred_over_triton", "runs_persistent",
            "pairs_per_section", "HEAD_DIM", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]

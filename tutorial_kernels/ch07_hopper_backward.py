@@ -367,6 +367,20 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ac
 # --8<-- [end:kernel]
 
 
+# --8<-- [start:preferred]
+# Where this backward beats chapter 6's autotuned Triton kernels on the H100 (data/hopper_backward.json):
+# without a causal mask from 4096 keys on. Causal, the Triton kernels stay faster at every length
+# measured (the programs' lengths differ and one program fills an SM: BENCHMARKS.md).
+MIN_KEYS = 4096
+
+
+def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """Whether these CUDA inputs are long enough, and of the kind, for which this backward is the
+    faster; `hopper_backward_unavailable` says whether it can run them."""
+    return not causal and min(q.shape[2], k.shape[2]) >= MIN_KEYS
+# --8<-- [end:preferred]
+
+
 @functools.lru_cache(maxsize=None)
 def _tile_layouts(dtype: torch.dtype):
     """The shared-memory layouts of the TMA blocks: 64 rows × head_dim (Q, dO) and 128 (K, V)."""
@@ -423,4 +437,5 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "BLOCK_M", "BLOCK_N"]
+__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "MIN_KEYS",
+           "BLOCK_M", "BLOCK_N"]

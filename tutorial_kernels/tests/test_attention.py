@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import tutorial_kernels
-from tutorial_kernels.attention import flash_attention, kernel_for, scaled_dot_product_attention
+from tutorial_kernels.attention import backward_kernel_for, flash_attention, kernel_for, scaled_dot_product_attention
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.testing import KERNEL_DTYPES, ON_GPU, assert_close, grad_tolerance, poisoned, random_qkv
@@ -109,7 +109,8 @@ def test_sdpa_refuses_what_it_does_not_compute(call, error, match):
 
 def test_the_cpu_runs_the_interpreter_configuration():
     x = random_qkv(1, 2, 8, 8, 16, torch.float32, device="cpu")
-    assert kernel_for(x.q, x.k, x.v, True, training=False) == "triton-interpreter"
+    assert kernel_for(x.q, x.k, x.v, True) == "triton-interpreter"
+    assert backward_kernel_for(x.q, x.k, x.v, x.q, True) == "triton-interpreter"
 
 
 def _block(q, k, v):
@@ -143,13 +144,19 @@ def test_the_operators_pass_torch_library_opcheck():
 
 
 @pytest.mark.gpu("the Hopper kernel")
-def test_inference_on_hopper_takes_the_gluon_kernel_where_it_wins():
+def test_hopper_takes_the_gluon_kernels_where_they_win():
     if torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs a Hopper GPU (compute capability 9.x)")
     x = random_qkv(1, 8, 4096, 4096, 128, torch.bfloat16)
-    assert kernel_for(x.q, x.k, x.v, True, training=False) == "hopper"
-    assert kernel_for(x.q, x.k, x.v, True, training=True) == "triton-tuned"
+    assert kernel_for(x.q, x.k, x.v, True) == "hopper"
     columns_apart = torch.empty(1, 8, 128, 4096, dtype=torch.bfloat16, device=x.q.device).transpose(2, 3)
-    assert kernel_for(x.q, x.k, x.v, True, training=False, out=columns_apart) == "triton-tuned"
+    assert kernel_for(x.q, x.k, x.v, True, out=columns_apart) == "triton-tuned"
+    assert backward_kernel_for(x.q, x.k, x.v, x.q, False) == "hopper"
+    assert backward_kernel_for(x.q, x.k, x.v, x.q, True) == "triton-tuned"  # causal: Triton's is faster
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert backward_kernel_for(x.q, x.k, x.v, x.q, False) == "triton-tuned"  # dQ's atomics: no fixed order
+    finally:
+        torch.use_deterministic_algorithms(False)
     assert_close(flash_attention(x.q, x.k, x.v, True), reference_attention(x.q, x.k, x.v, True), torch.bfloat16,
                  seed=x.seed)
