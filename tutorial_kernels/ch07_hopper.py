@@ -262,8 +262,8 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, WG: gl.constexpr,
-              CAUSAL: gl.constexpr):
+              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
+              WG: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup, for each work item dealt to this program: its 64 query rows (the WG-th half of
     the item's Q tile) through `_attend_item`, then O / ℓ to memory, by way of its half of the Q
     buffer, after which the loader may refill that buffer."""
@@ -308,7 +308,7 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
             ptrs = o_ptr + o_base + rows[:, None].to(gl.int64) * stride_om + cols_d[None, :]
             gl.store(ptrs, o_rows, mask=(rows < n_q)[:, None])
             # --8<-- [end:stage_output]
-            if write_lse:  # for the backward: lse = log Σ_j e^{τ s_j} = ln 2 · (m + log₂ ℓ), −∞ where ℓ = 0
+            if write_lse:  # for the backward: lse = log Σ_j e^{τ s_j} = ln 2 · (m + log₂ ℓ), −∞ if ℓ = 0
                 lse = gl.where(l_i > 0.0, (m_i + gl.log2(l_i)) * 0.6931471805599453, float("-inf"))
                 lse_rows = row0 + gl.arange(0, rows_per_wg, l_i.type.layout)
                 gl.store(lse_ptr + (batch * n_heads + head).to(gl.int64) * n_q + lse_rows, lse, mask=lse_rows < n_q)
@@ -588,5 +588,5 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
     return out
 
 
-__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "preferred_over_triton", "runs_persistent",
-           "pairs_per_section", "HEAD_DIM", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]
+__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "preferred_over_triton",
+           "runs_persistent", "pairs_per_section", "tma_load", "HEAD_DIM", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]

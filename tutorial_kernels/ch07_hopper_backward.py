@@ -148,7 +148,8 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
             visible = visible & (keys[:, None] <= queries[None, :] + (n_k - n_q))  # bottom-right
         p_t = gl.where(visible, p_t, 0.0)
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
-    ds_t = p_t * (dp_t - delta[None, :]) * sm_scale  # τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ): dK = (τ dSᵀ) Q, dQ = (τ dS) K
+    # τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ): τ applied once, here, for both dK = (τ dSᵀ) Q and dQ = (τ dS) K
+    ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
     dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do, dv, is_async=True)  # dV_w += Pᵀ dO
     dk = warpgroup_mma(gl.convert_layout(ds_t.to(dtype), a_layout), q, dk, is_async=True)  # dK_w += dSᵀ Q
 
@@ -218,8 +219,9 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
     # head_dim), contiguous (the launcher allocates them).
     rows = first_key + WG * half + gl.arange(0, half, gl.SliceLayout(1, kv_layout))
     cols = gl.arange(0, head_dim, gl.SliceLayout(0, kv_layout))
-    offsets = ((batch * (n_heads // group_size) + kv_head) * n_k + rows[:, None]).to(gl.int64) * head_dim + cols[None, :]
-    gl.store(dk_ptr + offsets, dk.to(dtype), mask=(rows < n_k)[:, None])  # dK = τ dSᵀ Q
+    first = (batch * (n_heads // group_size) + kv_head) * n_k
+    offsets = (first + rows[:, None]).to(gl.int64) * head_dim + cols[None, :]
+    gl.store(dk_ptr + offsets, dk.to(dtype), mask=(rows < n_k)[:, None])  # dK = (τ dSᵀ) Q
     gl.store(dv_ptr + offsets, dv.to(dtype), mask=(rows < n_k)[:, None])
 
 
