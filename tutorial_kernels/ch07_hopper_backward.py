@@ -108,7 +108,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv
 # --8<-- [start:step]
 @gluon.jit
 def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full, ds_empty,
-          dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
+          dq_full, dq_empty, dk, dv, key0, lse_ptr, delta_ptr, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
           MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """One query tile m of head bh against this warpgroup's 64 keys: the five products of chapter 6,
     dQ's shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the
@@ -143,10 +143,16 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])  # Sᵀ is done, dPᵀ may still run
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τSᵀ − lse}, recomputed
     if MASKED:
-        visible = keys[:, None] < n_k  # a zero key past n_k would still get P = e^{−lse}
+        # the last key each query sees: n_k − 1 (a zero key past n_k would still get P = e^{−lse}) and,
+        # causal, query + n_k − n_q (bottom-right); one comparison per element
+        # Sᵀ's row r is key key0 + r, its column c query m·64 + c. Keys past n_k: a zero key would
+        # still get P = e^{−lse}. Causal, key ≤ query + n_k − n_q, written as r − c ≤ one number per
+        # step: r − c depends on the thread alone, and holds no registers across the loop.
+        rows = gl.arange(0, half, gl.SliceLayout(1, st_layout))
+        p_t = gl.where((rows < n_k - key0)[:, None], p_t, 0.0)
         if CAUSAL:
-            visible = visible & (keys[:, None] <= queries[None, :] + (n_k - n_q))  # bottom-right
-        p_t = gl.where(visible, p_t, 0.0)
+            cols = gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
+            p_t = gl.where(rows[:, None] - cols[None, :] <= m * block_m + (n_k - n_q) - key0, p_t, 0.0)
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
     # τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ): τ applied once, here, for both dK = (τ dSᵀ) Q and dQ = (τ dS) K
     ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
@@ -197,7 +203,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
     k_w = k_tile.slice(WG * half, half, dim=0)  # this warpgroup's 64 keys
     v_w = v_smem.reshape([block_n, head_dim]).slice(WG * half, half, dim=0)
     k_cols = k_tile.slice(WG * (head_dim // 2), head_dim // 2, dim=1)  # its half of the columns, all keys
-    keys = first_key + WG * half + gl.arange(0, half, gl.SliceLayout(1, st_layout))
+    key0 = first_key + WG * half  # this warpgroup's first key
     dk = gl.zeros([half, head_dim], gl.float32, kv_layout)
     dv = gl.zeros([half, head_dim], gl.float32, kv_layout)
     mbarrier.wait(kv_full, 0)
@@ -206,12 +212,12 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
         bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
         for m in range(m_lo, m_full):  # the diagonal and the ragged end
             dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
-                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
                            sm_scale, WG, True, CAUSAL)
             step += 1
         for m in range(m_full, n_m):  # query tiles that see every key of the tile
             dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
-                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, keys, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
                            sm_scale, WG, False, CAUSAL)
             step += 1
 
