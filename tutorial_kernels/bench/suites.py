@@ -107,7 +107,7 @@ SUITES: dict[str, Suite] = {
         description="Forward pass of tutorial_kernels.flash_attention as a user calls it, against torch's cuDNN "
         "and flash backends, FA2 paper convention (B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",
         providers=["front-door", "sdpa-cudnn", "sdpa-flash"],
-        shapes=fa2_paper_shapes((64, 128), (1024, 4096, 16384)),
+        shapes=fa2_paper_shapes((64, 128), (1024, 4096, 8192, 16384)),
         default_out="front_door_fwd.json",
         notes=["The front door picks its kernel per call (the Hopper kernel where it applies, else the tuned "
                "Triton kernel, autotuned per shape before timing)."],
@@ -118,7 +118,7 @@ SUITES: dict[str, Suite] = {
         "d ∈ {64, 128}, fp16 and bf16",
         providers=["front-door", "sdpa-cudnn", "sdpa-flash"],
         shapes=[TrainingShape(s.batch, s.heads, s.n, s.head_dim, s.causal, s.dtype, "bwd")
-                for s in fa2_paper_shapes((64, 128), (1024, 4096, 16384))],
+                for s in fa2_paper_shapes((64, 128), (1024, 4096, 8192, 16384))],
         default_out="front_door_bwd.json",
         notes=["TFLOP/s counts 2.5 × the forward's FLOPs (five N×N×d matmuls to the forward's two)."],
     ),
