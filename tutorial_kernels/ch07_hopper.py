@@ -16,9 +16,10 @@ end); what changes is who does what, and when (FlashAttention-3, Shah et al. 202
 Q, K and V are read in place through 4-D TMA descriptors with their own strides ((B, H, N, d) or
 the (B, N, H, d) layout of transformers' attention layers), rows past n_q or n_k filled with zeros.
 
-Scope: forward only, float16/bfloat16, head_dim 128, compute capability 9.x, the head dimension
-contiguous and the other strides multiples of 16 bytes; `hopper_kernel_unavailable` says why a call
-does not qualify. Gluon kernels do not run in Triton's CPU interpreter. What each choice bought on
+Scope: the forward (with each row's log-sum-exp for training: `flash_attn_hopper_with_lse`; the
+backward is `ch07_hopper_backward`), float16/bfloat16, head_dim 128, compute capability 9.x, the head
+dimension contiguous and the other strides multiples of 16 bytes; `hopper_kernel_unavailable` says why
+a call does not qualify. Gluon kernels do not run in Triton's CPU interpreter. What each choice bought on
 an H100 is in BENCHMARKS.md.
 """
 

@@ -376,9 +376,10 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ac
 
 
 # --8<-- [start:preferred]
-# Where this backward beats chapter 6's autotuned Triton kernels on the H100 (data/hopper_backward.json):
-# without a causal mask from 4096 keys on. Causal, the Triton kernels stay faster at every length
-# measured (the programs' lengths differ and one program fills an SM: BENCHMARKS.md).
+# Where this backward beats chapter 6's autotuned Triton kernels on the H100, measured side by side
+# (experiments/2026-11-25_hopper_backward/time_ebcbbd6_final.json): without a causal mask from 4096
+# keys on (at 1024 the two are level). Causal, the Triton kernels are faster up to 4096 keys and level
+# at 16,384, so they keep the causal backward.
 MIN_KEYS = 4096
 
 
@@ -445,5 +446,5 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "MIN_KEYS",
+__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "MIN_KEYS", "STAGES",
            "BLOCK_M", "BLOCK_N"]

@@ -15,6 +15,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tutorial_kernels.ch07_hopper import BLOCK_N, CONSUMER_REGS, HEAD_DIM, LOADER_REGS, ROWS_PER_WARPGROUP, STAGES
+from tutorial_kernels.ch07_hopper_backward import BLOCK_M as BWD_BLOCK_M
+from tutorial_kernels.ch07_hopper_backward import BLOCK_N as BWD_BLOCK_N
+from tutorial_kernels.ch07_hopper_backward import STAGES as BWD_STAGES
 from tutorial_kernels.figures.ch05 import probe_bars
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
@@ -84,6 +87,7 @@ SOFTMAX_UNITS = 64 / HEAD_DIM * 2 * MMA_UNITS  # exponentials: 64/d of the two p
 LOAD_UNITS = 1.5  # a K/V tile's TMA copy (schematic: shorter than the four products that use it)
 LOADER_COLOUR = "#7f7f7f"
 WARPGROUP_COLOURS = ["#1f77b4", "#ff7f0e"]
+WRITER_COLOUR = "#2ca02c"
 KV_TILE_BYTES = 2 * BLOCK_N * HEAD_DIM * 2  # K and V tiles of 16-bit elements: what `expect` waits for
 Q_TILE_BYTES = 2 * ROWS_PER_WARPGROUP * HEAD_DIM * 2  # both halves of a 128-row Q tile
 HOVER_WIDTH = 44  # characters a hover line may show and still fit a phone's figure (~358 px at 12 px)
@@ -299,6 +303,57 @@ def warp_specialised_pipeline(n_tiles: int = 6) -> go.Figure:
                    f"{HEAD_DIM}), the softmax 64/d × 2 = {SOFTMAX_UNITS:g} units at d = {HEAD_DIM}, a "
                    f"{KV_TILE_BYTES // 1024} KiB K/V copy {LOAD_UNITS:g} units. Hover over a box for what it is.")
     return set_narrow(fig, **{"+height": 120})
+
+
+@figure("concept-hopper-backward")
+def hopper_backward(steps: int = 3) -> go.Figure:
+    """One program of chapter 7's backward (`ch07_hopper_backward`) over a few query tiles: the loader
+    warp's copies, each consumer warpgroup's five products and its elementwise work, the dSᵀ exchange
+    before dQ, and the dQ writer warp adding each step's dS K into memory while the next step runs."""
+    fig = go.Figure()
+    period, first = 6.0, 3.0  # schematic units: one per product of a warpgroup
+    _boxes(fig, "loader warp", [(0.0, 1.5)] + [(first + period * i - 1.5, first + period * i) for i in range(steps)],
+           ["K, V"] + [f"Q, dO<sub>{i}</sub>" for i in range(steps)],
+           [f"TMA: the program's {BWD_BLOCK_N} keys and values, once, kept in shared memory"]
+           + [f"TMA: query tile {i}'s Q and dO ({BWD_BLOCK_M} rows each) into stage {i % BWD_STAGES} of the ring, "
+              "as soon as both warpgroups released what it held" for i in range(steps)],
+           LOADER_COLOUR, "TMA copy (loader warp)")
+    for wg in range(2):
+        row = f"warpgroup {wg}: keys {wg * BWD_BLOCK_N // 2}–{(wg + 1) * BWD_BLOCK_N // 2 - 1}"
+        spans, labels, hovers, colours = [], [], [], []
+        for i in range(steps):
+            t0 = first + period * i
+            for start, end, label, text, tone in (
+                    (0, 2, "Sᵀ, dPᵀ", "Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: two asynchronous wgmma, K and V from shared memory", 0.0),
+                    (2, 3, "P, dS", "Pᵀ = exp2(τSᵀ − lse) recomputed, masked on the diagonal; τ dSᵀ = Pᵀ ∘ (dPᵀ − Δ), "
+                                    "in registers", 0.5),
+                    (3, 5, "dV, dK", "dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ from registers; meanwhile dSᵀ goes to "
+                                     "shared memory and the warpgroup waits for the other's half", 0.0),
+                    (5, 6, "dQ", "its half of dQ's columns: dS (both halves, from shared memory) times K", -0.3)):
+                spans.append((t0 + start, t0 + end))
+                labels.append(f"{label}<sub>{i}</sub>")
+                hovers.append(f"warpgroup {wg}, query tile {i}: {text}")
+                colours.append(shade(WARPGROUP_COLOURS[wg], tone))
+        _boxes(fig, row, spans, labels, hovers, colours, f"warpgroup {wg}")
+    _boxes(fig, "dQ writer warp", [(first + period * i + 6, first + period * i + 10) for i in range(steps)],
+           [f"dQ<sub>{i}</sub> → memory" for i in range(steps)],
+           [f"query tile {i}'s dS K, read from shared memory and added into the float32 dQ accumulator with "
+            "vector reductions, while the warpgroups work on the next tile" for i in range(steps)],
+           WRITER_COLOUR, "atomic additions (dQ writer warp)")
+    fig.update_layout(barmode="overlay", bargap=0.3, uniformtext=dict(minsize=9, mode="hide"))
+    concept_layout(
+        fig, "The backward on Hopper: one program, one 128-key tile,<br>query tiles streamed past it",
+        "A timeline with rows for the loader warp, the two consumer warpgroups (64 keys each) and the dQ writer "
+        f"warp over {steps} query tiles. The loader copies K and V once, then each query tile's Q and dO. For "
+        "each tile, each warpgroup computes S transposed and dP transposed, then P and dS in registers, then "
+        "dV and dK, then its half of dQ from both warpgroups' dS; the writer warp adds that dQ into memory "
+        "while the warpgroups go on to the next tile.", height=420)
+    fig.update_yaxes(showticklabels=True, categoryorder="array", automargin=True,
+                     categoryarray=["dQ writer warp", f"warpgroup 1: keys {BWD_BLOCK_N // 2}–{BWD_BLOCK_N - 1}",
+                                    f"warpgroup 0: keys 0–{BWD_BLOCK_N // 2 - 1}", "loader warp"])
+    add_notes(fig, "Schematic durations: one unit per product of a warpgroup (the two warpgroups share the "
+                   "SM's tensor cores). Hover over a box for what it is.")
+    return set_narrow(fig, **{"+height": 100})
 
 
 @figure("concept-intra-warpgroup-overlap")

@@ -46,7 +46,7 @@ def test_cpu_tensors_are_refused_with_the_reason():
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
-    # Not causal, from MIN_KEYS keys and queries on (data/hopper_backward.json); causal never.
+    # Not causal, from MIN_KEYS keys and queries on (measured: see the constant); causal never.
     def qk(n_q, n_k):
         return (torch.empty(1, 8, n_q, 128, dtype=torch.bfloat16, device="meta"),
                 torch.empty(1, 8, n_k, 128, dtype=torch.bfloat16, device="meta"))
