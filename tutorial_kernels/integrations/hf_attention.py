@@ -67,11 +67,11 @@ def tutorial_flash_attention(
     kernel would not hide; anything else (padding, a packed batch, a static cache's empty slots, an
     additive bias) raises a ValueError.
 
-    The call goes through the package's front door, `tutorial_kernels.flash_attention`: with autograd
-    recording (training), chapter 5's forward and chapter 6's backward kernels; at inference, the
-    forward alone: on a Hopper GPU at head_dim 128 with enough queries and keys for it to be the
-    faster (a prefill, not a decoding step: `ch07_hopper.preferred_over_triton`), chapter 7's Hopper
-    kernel (FA3's schedule), elsewhere chapter 5's autotuned Triton kernel.
+    The call goes through the package's front door, `tutorial_kernels.flash_attention`, which picks
+    the forward (on a Hopper GPU at head_dim 128 with enough queries and keys for it to be the faster,
+    a prefill, not a decoding step: chapter 7's Hopper kernel, FA3's schedule; elsewhere chapter 5's
+    autotuned Triton kernel) and, with autograd recording (training), the backward (chapter 7's where
+    `ch07_hopper_backward.preferred_over_triton`, else chapter 6's kernels).
     """
     if dropout:
         raise ValueError(
@@ -97,7 +97,7 @@ def tutorial_flash_attention(
         _check_mask_is_redundant(attention_mask, n_q, n_k, causal)
 
     if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
-        out = flash_attention(query, key, value, causal, scaling)  # chapter 5's forward, chapter 6's backward
+        out = flash_attention(query, key, value, causal, scaling)  # differentiable: the front door's kernels
         return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d), the layout o_proj reads: one copy
     # At inference the kernel writes straight into a (B, n_q, H, d) buffer, through a (B, H, n_q, d)
     # view of it: no transposing copy afterwards. The front door picks the kernel: on a Hopper GPU at
