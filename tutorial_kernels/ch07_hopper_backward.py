@@ -14,8 +14,9 @@ dV = Pᵀ dO, dS = P ∘ (dP − Δ), dK = τ dSᵀ Q, dQ = τ dS K); what chang
   add into the same rows. Chapter 6 gave dQ its own kernel (deterministic, but S, P and dP are
   computed twice: 7 matrix products per tile pair instead of 5). Here, as in FlashAttention-2's and
   -3's own backward, both warpgroups write their halves of dSᵀ to shared memory, each computes half
-  of the columns of dS K from the whole tile, and adds it into a float32 dQ accumulator with atomic
-  additions; a last pass multiplies by τ and rounds to the input's dtype.
+  of the columns of dS K from the whole tile and leaves it in shared memory, and a dQ writer warp
+  adds it into a float32 accumulator with atomic additions (vector reductions, 16 bytes each) while
+  the warpgroups go on; τ is applied once, to dS, and a last pass rounds dQ to the input's dtype.
 
 Determinism: dK and dV have one writer each and sum in a fixed order, bit for bit reproducible;
 dQ's float32 sums run in whatever order the programs reach them, so dQ can differ between two runs
@@ -138,13 +139,11 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
     q = q_smem.index(stage).reshape([block_m, head_dim])
     do = do_smem.index(stage).reshape([block_m, head_dim])
     no_scores = gl.zeros([half, block_m], gl.float32, st_layout)
-    s_t = warpgroup_mma(k_w, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)  # Sᵀ = K_w Qᵀ
+    s_t = warpgroup_mma(k_w, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)  # K_w Qᵀ = Sᵀ / τ
     dp_t = warpgroup_mma(v_w, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)  # dPᵀ = V_w dOᵀ
-    s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])  # Sᵀ is done, dPᵀ may still run
-    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τSᵀ − lse}, recomputed
+    s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])  # K_w Qᵀ is done, dPᵀ may still run
+    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τ K Qᵀ − lse}, recomputed (qk_scale = τ log₂ e)
     if MASKED:
-        # the last key each query sees: n_k − 1 (a zero key past n_k would still get P = e^{−lse}) and,
-        # causal, query + n_k − n_q (bottom-right); one comparison per element
         # Sᵀ's row r is key key0 + r, its column c query m·64 + c. Keys past n_k: a zero key would
         # still get P = e^{−lse}. Causal, key ≤ query + n_k − n_q, written as r − c ≤ one number per
         # step: r − c depends on the thread alone, and holds no registers across the loop.
@@ -414,12 +413,21 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 
     Shapes and conventions as chapter 6's `flash_attn_backward` (grouped-query attention: dK and dV
     summed over each group; bottom-right causal alignment); the inputs as `flash_attn_hopper` takes
-    them. Raises ValueError (UnsupportedShape) naming what the kernel does not run."""
+    them. Raises TypeError for another dtype, ValueError for a do, o or lse unlike the forward's, and
+    ValueError (UnsupportedShape) naming what else the kernel does not run."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
     if do.shape != q.shape or do.dtype != q.dtype:
         raise ValueError(f"do must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
                          f"got {tuple(do.shape)} {do.dtype}")
+    if o.shape != q.shape:
+        raise ValueError(f"o must have q's shape {tuple(q.shape)}, got {tuple(o.shape)}")
+    if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be the forward's log-sum-exp, shape {tuple(q.shape[:3])} float32, "
+                         f"got {tuple(lse.shape)} {lse.dtype}")
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q.dtype: the Hopper backward runs torch.float16 and torch.bfloat16, got {q.dtype}; "
+                        "use chapter 6's flash_attn_backward for float32")
     why_not = hopper_backward_unavailable(q, k, v, do)
     if why_not is not None:
         raise UnsupportedShape(f"q, k, v, do: the Hopper backward {why_not}; use chapter 6's flash_attn_backward")

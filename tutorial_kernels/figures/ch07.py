@@ -324,8 +324,8 @@ def hopper_backward(steps: int = 3) -> go.Figure:
         for i in range(steps):
             t0 = first + period * i
             for start, end, label, text, tone in (
-                    (0, 2, "Sᵀ, dPᵀ", "Sᵀ = K Qᵀ and dPᵀ = V dOᵀ: two asynchronous wgmma, K and V from shared memory", 0.0),
-                    (2, 3, "P, dS", "Pᵀ = exp2(τSᵀ − lse) recomputed, masked on the diagonal; τ dSᵀ = Pᵀ ∘ (dPᵀ − Δ), "
+                    (0, 2, "Sᵀ, dPᵀ", "K Qᵀ (= Sᵀ / τ) and dPᵀ = V dOᵀ: two asynchronous wgmma, K and V from shared memory", 0.0),
+                    (2, 3, "P, dS", "Pᵀ = e^(τ K Qᵀ − lse) recomputed, masked on the diagonal; τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ), "
                                     "in registers", 0.5),
                     (3, 5, "dV, dK", "dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ from registers; meanwhile dSᵀ goes to "
                                      "shared memory and the warpgroup waits for the other's half", 0.0),

@@ -43,6 +43,10 @@ def test_cpu_tensors_are_refused_with_the_reason():
         flash_attn_hopper_backward(q, q, q, q, q[..., 0].float(), q, False)
     with pytest.raises(ValueError, match="do must have q's shape"):
         flash_attn_hopper_backward(q, q, q, q, q[..., 0].float(), q[:, :1], False)
+    with pytest.raises(ValueError, match=r"lse must be the forward's log-sum-exp, shape \(1, 2, 8\) float32"):
+        flash_attn_hopper_backward(q, q, q, q, q[..., 0], q, False)
+    with pytest.raises(TypeError, match="float16 and torch.bfloat16, got torch.float32"):
+        flash_attn_hopper_backward(*(t.float() for t in (q, q, q, q)), q[..., 0].float(), q.float(), False)
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
