@@ -342,7 +342,7 @@ def hopper_backward(steps: int = 3) -> go.Figure:
            WRITER_COLOUR, "atomic additions (dQ writer warp)")
     fig.update_layout(barmode="overlay", bargap=0.3, uniformtext=dict(minsize=9, mode="hide"))
     concept_layout(
-        fig, "The backward on Hopper: one program, one 128-key tile,<br>query tiles streamed past it",
+        fig, "The backward on Hopper: one 128-key tile,<br>query tiles streamed past it",
         "A timeline with rows for the loader warp, the two consumer warpgroups (64 keys each) and the dQ writer "
         f"warp over {steps} query tiles. The loader copies K and V once, then each query tile's Q and dO. For "
         "each tile, each warpgroup computes S transposed and dP transposed, then P and dS in registers, then "
