@@ -325,7 +325,7 @@ def hopper_backward(steps: int = 3) -> go.Figure:
             t0 = first + period * i
             for start, end, label, text, tone in (
                     (0, 2, "Sᵀ, dPᵀ", "K Qᵀ (= Sᵀ / τ) and dPᵀ = V dOᵀ: two asynchronous wgmma, K and V from shared memory", 0.0),
-                    (2, 3, "P, dS", "Pᵀ = e^(τ K Qᵀ − lse) recomputed, masked on the diagonal; τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ), "
+                    (2, 3, "dS", "Pᵀ = e^(τ K Qᵀ − lse) recomputed, masked on the diagonal; τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ), "
                                     "in registers", 0.5),
                     (3, 5, "dV, dK", "dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ from registers; meanwhile dSᵀ goes to "
                                      "shared memory and the warpgroup waits for the other's half", 0.0),
