@@ -411,15 +411,16 @@ def _compute_capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
-def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> str | None:
-    """None if `flash_attn_hopper` can run these (already validated) inputs, else why not. Cheap
-    enough for every layer of a model to ask: the properties of a call first, the device's last and
-    remembered."""
+def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                              do: torch.Tensor | None = None) -> str | None:
+    """None if `flash_attn_hopper` (with `do`: the backward, `ch07_hopper_backward`) can run these
+    (already validated) inputs, else why not. Cheap enough for every layer of a model to ask: the
+    properties of a call first, the device's last and remembered."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"runs torch.float16 and torch.bfloat16 only, got {q.dtype}"
     if q.shape[3] != HEAD_DIM:
         return f"is built for head_dim {HEAD_DIM} only, got {q.shape[3]}"
-    for name, t in (("q", q), ("k", k), ("v", v)):
+    for name, t in (("q", q), ("k", k), ("v", v)) + ((("do", do),) if do is not None else ()):
         # TMA: the innermost stride 1, the others multiples of 16 bytes, the base 16-byte aligned
         if t.stride(3) != 1 or any(st * t.element_size() % 16 for st in t.stride()[:3]):
             return (f"needs {name}'s head dimension contiguous and its other strides multiples of 16 bytes, got "
@@ -430,6 +431,21 @@ def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor)
         where = f"compute capability {_compute_capability(q.device.index)}" if q.is_cuda else "the CPU"
         return f"needs CUDA tensors on a GPU of compute capability 9.x (Hopper), got {q.device} ({where})"
     return None
+
+
+def check_runnable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, instead: str,
+                   do: torch.Tensor | None = None) -> None:
+    """For inputs that passed `check_attention_inputs`: TypeError for a dtype other than float16 and
+    bfloat16, UnsupportedShape saying why else this chapter's kernel (with `do`, the backward) cannot
+    run them (`hopper_kernel_unavailable`); both point to `instead`."""
+    what = "the Hopper kernel" if do is None else "the Hopper backward"
+    if q.dtype not in (torch.float16, torch.bfloat16):
+        raise TypeError(f"q.dtype: {what} runs torch.float16 and torch.bfloat16, got {q.dtype}; use {instead} "
+                        "for float32")
+    why_not = hopper_kernel_unavailable(q, k, v, do)
+    if why_not is not None:
+        names = "q, k, v" if do is None else "q, k, v, do"
+        raise UnsupportedShape(f"{names}: {what} {why_not}; use {instead} for these inputs")
 
 
 def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
@@ -451,12 +467,7 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     # runs_triton=False: the device rules are this kernel's own (hopper_kernel_unavailable)
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q.dtype: the Hopper kernel runs torch.float16 and torch.bfloat16, got {q.dtype}; "
-                        "use flash_attn_v2_tuned for float32")
-    why_not = hopper_kernel_unavailable(q, k, v)
-    if why_not is not None:
-        raise UnsupportedShape(f"q, k, v: the Hopper kernel {why_not}; use flash_attn_v2_tuned for these inputs")
+    check_runnable(q, k, v, instead="flash_attn_v2_tuned")
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
@@ -479,12 +490,7 @@ def flash_attn_hopper_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
         return out, lse
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q.dtype: the Hopper kernel runs torch.float16 and torch.bfloat16, got {q.dtype}; "
-                        "use chapter 5's flash_attn_v2_with_lse for float32")
-    why_not = hopper_kernel_unavailable(q, k, v)
-    if why_not is not None:
-        raise UnsupportedShape(f"q, k, v: the Hopper kernel {why_not}; use chapter 5's flash_attn_v2_with_lse")
+    check_runnable(q, k, v, instead="chapter 5's flash_attn_v2_with_lse")
     return _launch(q, k, v, causal, shape.sm_scale, out, lse=lse, plan=plan), lse
 
 
@@ -589,5 +595,5 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
     return out
 
 
-__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "preferred_over_triton",
+__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
            "runs_persistent", "pairs_per_section", "tma_load", "HEAD_DIM", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]

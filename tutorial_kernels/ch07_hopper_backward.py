@@ -24,7 +24,7 @@ in its last bits (float32 rounding, before the one rounding to float16/bfloat16)
 `torch.use_deterministic_algorithms(True)` the front door runs chapter 6's kernels instead.
 
 Scope: as the forward's — float16/bfloat16, head_dim 128, compute capability 9.x, TMA-compatible
-strides; `hopper_backward_unavailable` says why a call does not qualify.
+strides; `ch07_hopper.hopper_kernel_unavailable(q, k, v, do)` says why a call does not qualify.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.ch06_backward import attention_delta
-from tutorial_kernels.ch07_hopper import HEAD_DIM, hopper_kernel_unavailable, tma_load
-from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs
+from tutorial_kernels.ch07_hopper import HEAD_DIM, check_runnable, tma_load
+from tutorial_kernels.validation import check_attention_inputs
 
 
 # --8<-- [start:tile_sizes]
@@ -384,7 +384,7 @@ MIN_KEYS = 4096
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Whether these CUDA inputs are long enough, and of the kind, for which this backward is the
-    faster; `hopper_backward_unavailable` says whether it can run them."""
+    faster; `ch07_hopper.hopper_kernel_unavailable(q, k, v, do)` says whether it can run them."""
     return not causal and min(q.shape[2], k.shape[2]) >= MIN_KEYS
 # --8<-- [end:preferred]
 
@@ -394,17 +394,6 @@ def _tile_layouts(dtype: torch.dtype):
     """The shared-memory layouts of the TMA blocks: 64 rows × head_dim (Q, dO) and 128 (K, V)."""
     element = gl.float16 if dtype == torch.float16 else gl.bfloat16
     return tuple(gl.NVMMASharedLayout.get_default_for([1, 1, rows, HEAD_DIM], element) for rows in (BLOCK_M, BLOCK_N))
-
-
-def hopper_backward_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
-    """None if `flash_attn_hopper_backward` can run these (validated) inputs, else why not: the
-    forward's rules (`hopper_kernel_unavailable`) and the same for dO."""
-    why = hopper_kernel_unavailable(q, k, v)
-    if why is not None:
-        return why
-    if do.stride(3) != 1 or any(st * do.element_size() % 16 for st in do.stride()[:3]) or do.data_ptr() % 16:
-        return f"needs do's head dimension contiguous and 16-byte aligned for TMA, got strides {do.stride()}"
-    return None
 
 
 # --8<-- [start:launcher]
@@ -425,12 +414,7 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
         raise ValueError(f"lse must be the forward's log-sum-exp, shape {tuple(q.shape[:3])} float32, "
                          f"got {tuple(lse.shape)} {lse.dtype}")
-    if q.dtype not in (torch.float16, torch.bfloat16):
-        raise TypeError(f"q.dtype: the Hopper backward runs torch.float16 and torch.bfloat16, got {q.dtype}; "
-                        "use chapter 6's flash_attn_backward for float32")
-    why_not = hopper_backward_unavailable(q, k, v, do)
-    if why_not is not None:
-        raise UnsupportedShape(f"q, k, v, do: the Hopper backward {why_not}; use chapter 6's flash_attn_backward")
+    check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do)
     batch, heads, n_q, head_dim = q.shape
     delta = attention_delta(o, do)  # Δ = rowsum(dO ∘ O), (B, H, n_q) float32
     lse = lse.contiguous()
@@ -454,5 +438,5 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "MIN_KEYS", "STAGES",
+__all__ = ["flash_attn_hopper_backward", "preferred_over_triton", "MIN_KEYS", "STAGES",
            "BLOCK_M", "BLOCK_N"]

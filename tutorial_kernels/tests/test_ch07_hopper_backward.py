@@ -14,9 +14,8 @@ import pytest
 import torch
 
 from tutorial_kernels.attention import backward_kernel_for, flash_attention
-from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse
-from tutorial_kernels.ch07_hopper_backward import (MIN_KEYS, flash_attn_hopper_backward, hopper_backward_unavailable,
-                                                   preferred_over_triton)
+from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse, hopper_kernel_unavailable
+from tutorial_kernels.ch07_hopper_backward import MIN_KEYS, flash_attn_hopper_backward, preferred_over_triton
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.testing import assert_close, grad_tolerance, random_qkv, tolerance
 from tutorial_kernels.tests.test_ch07_hopper import needs_hopper
@@ -38,7 +37,9 @@ def test_the_gluon_kernels_compile_for_hopper_without_a_gpu():
 
 def test_cpu_tensors_are_refused_with_the_reason():
     q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
-    assert "compute capability 9.x" in hopper_backward_unavailable(q, q, q, q)
+    assert "compute capability 9.x" in hopper_kernel_unavailable(q, q, q, q)
+    columns_apart = q.transpose(2, 3).contiguous().transpose(2, 3)  # the head dimension with stride 8
+    assert "needs do's head dimension contiguous" in hopper_kernel_unavailable(q, q, q, columns_apart)
     with pytest.raises(UnsupportedShape, match=r"Hopper backward needs CUDA tensors .* got cpu"):
         flash_attn_hopper_backward(q, q, q, q, q[..., 0].float(), q, False)
     with pytest.raises(ValueError, match="do must have q's shape"):
