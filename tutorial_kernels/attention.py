@@ -66,7 +66,7 @@ def backward_kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
         return "triton-interpreter"
     if (not torch.are_deterministic_algorithms_enabled()
             and ch07_hopper_backward.preferred_over_triton(q, k, causal)
-            and hopper_kernel_unavailable(q, k, v, do) is None):
+            and ch07_hopper_backward.hopper_backward_unavailable(q, k, v, do) is None):
         return "hopper"
     return "triton-tuned"
 

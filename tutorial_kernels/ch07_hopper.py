@@ -17,7 +17,7 @@ Q, K and V are read in place through 4-D TMA descriptors with their own strides 
 the (B, N, H, d) layout of transformers' attention layers), rows past n_q or n_k filled with zeros.
 
 Scope: the forward (with each row's log-sum-exp for training: `flash_attn_hopper_with_lse`; the
-backward is `ch07_hopper_backward`), float16/bfloat16, head_dim 128, compute capability 9.x, the head
+backward is `ch07_hopper_backward`), float16/bfloat16, head_dim 64, 128 or 256, compute capability 9.x, the head
 dimension contiguous and the other strides multiples of 16 bytes; `hopper_kernel_unavailable` says why
 a call does not qualify. Gluon kernels do not run in Triton's CPU interpreter. What each choice bought on
 an H100 is in BENCHMARKS.md.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Hashable
+from typing import NamedTuple
 
 import torch
 import triton
@@ -44,10 +45,21 @@ from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 
 # --8<-- [start:tile_sizes]
-HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
 ROWS_PER_WARPGROUP = 64  # one wgmma covers 64 rows; two consumer warpgroups make a 128-row Q tile
-BLOCK_N = 128  # keys per K/V tile
-STAGES = 3  # K/V tiles in flight: 32 KiB of Q (later O) + 3 × 64 KiB of K/V = 224 of the 227 KiB allowed
+
+
+class Tiles(NamedTuple):
+    block_n: int  # keys per K/V tile
+    stages: int  # K/V tiles in flight
+
+
+# Per head dimension, within the 227 KiB of shared memory an SM gives one program (16-bit elements):
+TILES = {
+    64: Tiles(block_n=128, stages=4),  # Q 16 KiB + 4 × 32 KiB of K/V = 144 KiB
+    128: Tiles(block_n=128, stages=3),  # Q 32 KiB + 3 × 64 KiB = 224 KiB
+    256: Tiles(block_n=64, stages=2),  # Q 64 KiB + 2 × 64 KiB = 192 KiB; and O alone is 128 registers a thread
+}
+HEAD_DIMS = tuple(TILES)
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
 # --8<-- [end:tile_sizes]
 # From how many queries and keys the model adapter prefers this kernel to chapter 5's Triton kernel
@@ -411,15 +423,16 @@ def _compute_capability(device_index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(device_index)
 
 
-def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                              do: torch.Tensor | None = None) -> str | None:
-    """None if `flash_attn_hopper` (with `do`: the backward, `ch07_hopper_backward`) can run these
-    (already validated) inputs, else why not. Cheap enough for every layer of a model to ask: the
-    properties of a call first, the device's last and remembered."""
+def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor | None = None,
+                              *, head_dims: tuple[int, ...] = HEAD_DIMS) -> str | None:
+    """None if `flash_attn_hopper` (with `do` and the backward's `head_dims`: `ch07_hopper_backward`)
+    can run these (already validated) inputs, else why not. Cheap enough for every layer of a model to
+    ask: the properties of a call first, the device's last and remembered."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"runs torch.float16 and torch.bfloat16 only, got {q.dtype}"
-    if q.shape[3] != HEAD_DIM:
-        return f"is built for head_dim {HEAD_DIM} only, got {q.shape[3]}"
+    if q.shape[3] not in head_dims:
+        built = ", ".join(map(str, head_dims[:-1])) + " or " * (len(head_dims) > 1) + str(head_dims[-1])
+        return f"is built for head_dim {built}, got {q.shape[3]}"
     for name, t in (("q", q), ("k", k), ("v", v)) + ((("do", do),) if do is not None else ()):
         # TMA: the innermost stride 1, the others multiples of 16 bytes, the base 16-byte aligned
         if t.stride(3) != 1 or any(st * t.element_size() % 16 for st in t.stride()[:3]):
@@ -434,7 +447,7 @@ def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def check_runnable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, instead: str,
-                   do: torch.Tensor | None = None) -> None:
+                   do: torch.Tensor | None = None, head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
     """For inputs that passed `check_attention_inputs`: TypeError for a dtype other than float16 and
     bfloat16, UnsupportedShape saying why else this chapter's kernel (with `do`, the backward) cannot
     run them (`hopper_kernel_unavailable`); both point to `instead`."""
@@ -442,7 +455,7 @@ def check_runnable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, instead
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q.dtype: {what} runs torch.float16 and torch.bfloat16, got {q.dtype}; use {instead} "
                         "for float32")
-    why_not = hopper_kernel_unavailable(q, k, v, do)
+    why_not = hopper_kernel_unavailable(q, k, v, do, head_dims=head_dims)
     if why_not is not None:
         names = "q, k, v" if do is None else "q, k, v, do"
         raise UnsupportedShape(f"{names}: {what} {why_not}; use {instead} for these inputs")
@@ -452,11 +465,11 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
                       sm_scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(sm_scale · Q Kᵀ) V, FA3's schedule on a Hopper GPU (see the module docstring).
 
-    q is (B, H, n_q, 128), k and v (B, H_kv, n_k, 128) with H_kv dividing H (grouped-query
+    q is (B, H, n_q, d), k and v (B, H_kv, n_k, d) with d 64, 128 or 256 and H_kv dividing H (grouped-query
     attention), float16 or bfloat16, any strides with the head dimension contiguous (the copy engine
     needs the others to be multiples of 16 bytes). Causal masks are aligned to the bottom-right
     corner, as in chapter 5. `out`, if given, is written in place: any dense layout of shape
-    (B, H, n_q, 128) with the head dimension contiguous. Raises TypeError for another dtype and
+    (B, H, n_q, d) with the head dimension contiguous. Raises TypeError for another dtype and
     ValueError (UnsupportedShape) for anything else this kernel does not run, saying why; chapter 5's
     `flash_attn_v2_tuned` runs those."""
     plan = attention_call_key(q, k, v, out, causal, sm_scale)  # a call like an earlier one: launch directly
@@ -541,21 +554,21 @@ def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> boo
 
 
 @functools.lru_cache(maxsize=None)
-def _shared_layouts(dtype: torch.dtype):
-    """Shared-memory layouts of the Q and the K/V blocks (the swizzle wgmma reads without bank
-    conflicts), computed once per dtype: each call costs microseconds, paid by every layer."""
+def _blocks(dtype: torch.dtype, head_dim: int) -> tuple:
+    """The TMA block shapes of Q and of K/V with their shared-memory layouts (the swizzle wgmma reads
+    without bank conflicts), computed once per dtype and head_dim: each costs microseconds, paid by
+    every layer."""
     element = gl.float16 if dtype == torch.float16 else gl.bfloat16
-    return tuple(gl.NVMMASharedLayout.get_default_for([1, 1, rows, HEAD_DIM], element)
-                 for rows in (ROWS_PER_WARPGROUP, BLOCK_N))
+    blocks = ([1, 1, ROWS_PER_WARPGROUP, head_dim], [1, 1, TILES[head_dim].block_n, head_dim])
+    return tuple((block, gl.NVMMASharedLayout.get_default_for(block, element)) for block in blocks)
 
 
 def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
-    """The TMA descriptors of Q, K and V: the copy engine fetches a (64 or 128) × head_dim block of
-    one (batch, head) per request, swizzled as wgmma reads it."""
-    q_layout, kv_layout = _shared_layouts(q.dtype)
-    return (TensorDescriptor.from_tensor(q, [1, 1, ROWS_PER_WARPGROUP, HEAD_DIM], q_layout),
-            TensorDescriptor.from_tensor(k, [1, 1, BLOCK_N, HEAD_DIM], kv_layout),
-            TensorDescriptor.from_tensor(v, [1, 1, BLOCK_N, HEAD_DIM], kv_layout))
+    """The TMA descriptors of Q, K and V: the copy engine fetches a 64-row (Q) or block_n-row (K, V)
+    × head_dim block of one (batch, head) per request, swizzled as wgmma reads it."""
+    (q_block, q_layout), (kv_block, kv_layout) = _blocks(q.dtype, q.shape[3])
+    return (TensorDescriptor.from_tensor(q, q_block, q_layout), TensorDescriptor.from_tensor(k, kv_block, kv_layout),
+            TensorDescriptor.from_tensor(v, kv_block, kv_layout))
 
 
 def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torch.Tensor | None = None,
@@ -590,10 +603,10 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
         *_descriptors(q, k, v), out, out.stride(0), out.stride(1), out.stride(2),
         out if lse is None else lse, int(lse is not None),  # without lse, out stands in: never written
         batch * heads, section, heads, group_size, n_q, n_k, sm_scale * LOG2_E,
-        CAUSAL=bool(causal), STAGES=STAGES, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
+        CAUSAL=bool(causal), STAGES=TILES[q.shape[3]].stages, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out
 
 
 __all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
-           "runs_persistent", "pairs_per_section", "tma_load", "HEAD_DIM", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]
+           "runs_persistent", "pairs_per_section", "tma_load", "TILES", "HEAD_DIMS", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]

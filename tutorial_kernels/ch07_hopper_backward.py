@@ -23,8 +23,8 @@ dQ's float32 sums run in whatever order the programs reach them, so dQ can diffe
 in its last bits (float32 rounding, before the one rounding to float16/bfloat16). Under
 `torch.use_deterministic_algorithms(True)` the front door runs chapter 6's kernels instead.
 
-Scope: as the forward's — float16/bfloat16, head_dim 128, compute capability 9.x, TMA-compatible
-strides; `ch07_hopper.hopper_kernel_unavailable(q, k, v, do)` says why a call does not qualify.
+Scope: float16/bfloat16, head_dim 128 (the forward runs 64 and 256 as well), compute capability 9.x,
+TMA-compatible strides; `hopper_backward_unavailable(q, k, v, do)` says why a call does not qualify.
 """
 
 from __future__ import annotations
@@ -40,11 +40,12 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.ch06_backward import attention_delta
-from tutorial_kernels.ch07_hopper import HEAD_DIM, check_runnable, tma_load
+from tutorial_kernels.ch07_hopper import check_runnable, hopper_kernel_unavailable, tma_load
 from tutorial_kernels.validation import check_attention_inputs
 
 
 # --8<-- [start:tile_sizes]
+HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
 BLOCK_M = 64  # query rows per step: the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ dO
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
 STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32, dSᵀ 2 × 16, dS K (float32) 2 × 32:
@@ -384,9 +385,15 @@ MIN_KEYS = 4096
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Whether these CUDA inputs are long enough, and of the kind, for which this backward is the
-    faster; `ch07_hopper.hopper_kernel_unavailable(q, k, v, do)` says whether it can run them."""
+    faster; `hopper_backward_unavailable(q, k, v, do)` says whether it can run them."""
     return not causal and min(q.shape[2], k.shape[2]) >= MIN_KEYS
 # --8<-- [end:preferred]
+
+
+def hopper_backward_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
+    """None if this backward can run these (already validated) inputs, else why not: the forward's
+    rules (`ch07_hopper.hopper_kernel_unavailable`) for q, k, v and do, at head_dim 128 only."""
+    return hopper_kernel_unavailable(q, k, v, do, head_dims=(HEAD_DIM,))
 
 
 @functools.lru_cache(maxsize=None)
@@ -414,7 +421,7 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
         raise ValueError(f"lse must be the forward's log-sum-exp, shape {tuple(q.shape[:3])} float32, "
                          f"got {tuple(lse.shape)} {lse.dtype}")
-    check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do)
+    check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do, head_dims=(HEAD_DIM,))
     batch, heads, n_q, head_dim = q.shape
     delta = attention_delta(o, do)  # Δ = rowsum(dO ∘ O), (B, H, n_q) float32
     lse = lse.contiguous()
@@ -438,5 +445,5 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attn_hopper_backward", "preferred_over_triton", "MIN_KEYS", "STAGES",
-           "BLOCK_M", "BLOCK_N"]
+__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "MIN_KEYS",
+           "STAGES", "HEAD_DIM", "BLOCK_M", "BLOCK_N"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tutorial_kernels.ch07_hopper import BLOCK_N, CONSUMER_REGS, HEAD_DIM, LOADER_REGS, ROWS_PER_WARPGROUP, STAGES
+from tutorial_kernels.ch07_hopper import CONSUMER_REGS, LOADER_REGS, ROWS_PER_WARPGROUP, TILES
 from tutorial_kernels.ch07_hopper_backward import BLOCK_M as BWD_BLOCK_M
 from tutorial_kernels.ch07_hopper_backward import BLOCK_N as BWD_BLOCK_N
 from tutorial_kernels.ch07_hopper_backward import STAGES as BWD_STAGES
@@ -24,6 +24,9 @@ from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.style import (
     HOPPER_VARIANT_COLOURS, LENGTH_COLOURS, WAVE_COLOURS, add_notes, concept_layout, measured_layout, provider_colour, set_narrow,
     shade, wrap)
+
+HEAD_DIM = 128  # the pictures draw the forward at the head dimension it was first built and measured for
+BLOCK_N, STAGES = TILES[HEAD_DIM]
 
 HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"]  # in the Hopper probe's figure
 

@@ -29,9 +29,9 @@ from tutorial_kernels import ch07_hopper, ch07_hopper_backward
 HOPPER = GPUTarget("cuda", 90, 32)
 
 
-def _descriptor(rows: int) -> str:
-    layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, ch07_hopper.HEAD_DIM], gl.float16)
-    return f"tensordesc<fp16[1,1,{rows},{ch07_hopper.HEAD_DIM}],{layout!r}>"
+def _descriptor(rows: int, head_dim: int) -> str:
+    layout = gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], gl.float16)
+    return f"tensordesc<fp16[1,1,{rows},{head_dim}],{layout!r}>"
 
 
 def _signature(kernel, types: dict[str, str], constants: dict[str, object]) -> tuple[dict, dict]:
@@ -42,22 +42,26 @@ def _signature(kernel, types: dict[str, str], constants: dict[str, object]) -> t
 
 
 def variants() -> dict[str, tuple]:
-    """name → (kernel, signature, constexprs) of every Gluon kernel the package launches, float16."""
-    forward_types = {"q_desc": _descriptor(ch07_hopper.ROWS_PER_WARPGROUP), "k_desc": _descriptor(ch07_hopper.BLOCK_N),
-                     "v_desc": _descriptor(ch07_hopper.BLOCK_N), "o_ptr": "*fp16", "lse_ptr": "*fp32",
-                     "qk_scale": "fp32"}
-    backward_types = {"q_desc": _descriptor(ch07_hopper_backward.BLOCK_M), "do_desc": _descriptor(
-        ch07_hopper_backward.BLOCK_M), "k_desc": _descriptor(ch07_hopper_backward.BLOCK_N),
-        "v_desc": _descriptor(ch07_hopper_backward.BLOCK_N), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+    """name → (kernel, signature, constexprs) of every Gluon kernel the package launches, float16
+    (the forward at each head dimension it runs)."""
+    d_bwd = ch07_hopper_backward.HEAD_DIM
+    backward_types = {"q_desc": _descriptor(ch07_hopper_backward.BLOCK_M, d_bwd), "do_desc": _descriptor(
+        ch07_hopper_backward.BLOCK_M, d_bwd), "k_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd),
+        "v_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
         "dq_acc_ptr": "*fp32", "dk_ptr": "*fp16", "dv_ptr": "*fp16", "qk_scale": "fp32", "sm_scale": "fp32"}
     found = {}
+    fwd, bwd = ch07_hopper._flash_hopper_fwd, ch07_hopper_backward._flash_hopper_bwd  # noqa: SLF001
     for causal in (False, True):
         tag = "causal" if causal else "full"
-        fwd, bwd = ch07_hopper._flash_hopper_fwd, ch07_hopper_backward._flash_hopper_bwd  # noqa: SLF001
-        found[f"forward-{tag}"] = (fwd, *_signature(
-            fwd, {n: forward_types.get(n, "i32") for n in fwd.arg_names},
-            {"CAUSAL": causal, "STAGES": ch07_hopper.STAGES, "CONSUMER_REGS": ch07_hopper.CONSUMER_REGS,
-             "LOADER_REGS": ch07_hopper.LOADER_REGS}))
+        for head_dim, tiles in ch07_hopper.TILES.items():
+            forward_types = {"q_desc": _descriptor(ch07_hopper.ROWS_PER_WARPGROUP, head_dim),
+                             "k_desc": _descriptor(tiles.block_n, head_dim),
+                             "v_desc": _descriptor(tiles.block_n, head_dim), "o_ptr": "*fp16", "lse_ptr": "*fp32",
+                             "qk_scale": "fp32"}
+            found[f"forward-d{head_dim}-{tag}"] = (fwd, *_signature(
+                fwd, {n: forward_types.get(n, "i32") for n in fwd.arg_names},
+                {"CAUSAL": causal, "STAGES": tiles.stages, "CONSUMER_REGS": ch07_hopper.CONSUMER_REGS,
+                 "LOADER_REGS": ch07_hopper.LOADER_REGS}))
         found[f"backward-{tag}"] = (bwd, *_signature(
             bwd, {n: backward_types.get(n, "i32") for n in bwd.arg_names},
             {"CAUSAL": causal, "STAGES": ch07_hopper_backward.STAGES,

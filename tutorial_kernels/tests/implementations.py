@@ -30,7 +30,7 @@ from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attenti
 from tutorial_kernels.ch03_tiling_online_softmax import online_softmax_attention
 from tutorial_kernels.ch04_flash_v1 import flash_attn_v1
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_minimal, flash_attn_v2_tuned
-from tutorial_kernels.ch07_hopper import HEAD_DIM as HOPPER_HEAD_DIM
+from tutorial_kernels.ch07_hopper import HEAD_DIMS as HOPPER_HEAD_DIMS
 from tutorial_kernels.ch07_hopper import flash_attn_hopper
 from tutorial_kernels.attention import flash_attention as front_door
 from tutorial_kernels.ch06_backward import flash_attention
@@ -150,13 +150,17 @@ def _backward_cases() -> list[Case]:
 
 
 def _hopper_cases() -> list[Case]:
-    """N = 1, N not a multiple of the 128-row or 128-key tiles, n_q ≠ n_k both ways, grouped-query and
-    multi-query attention; one 1000-long problem."""
-    d = HOPPER_HEAD_DIM
+    """N = 1, N not a multiple of the 128-row or the key tiles, n_q ≠ n_k both ways, grouped-query and
+    multi-query attention; one 1000-long problem. All of them at head_dim 128, the ragged ones at 64
+    and 256 (other key tiles, other rings)."""
+    d = 128
     return [Case(1, 2, 1, 1, d), Case(2, 3, 17, 17, d), Case(1, 4, 100, 100, d, kv_heads=2),
             Case(2, 4, 257, 257, d, kv_heads=1), Case(1, 2, 128, 128, d), Case(1, 8, 384, 384, d, kv_heads=2),
             Case(1, 2, 100, 357, d, kv_heads=1), Case(1, 2, 300, 130, d), Case(1, 2, 1, 700, d),
-            Case(1, 4, 1000, 1000, d)]
+            Case(1, 4, 1000, 1000, d)] + [
+        case for d in HOPPER_HEAD_DIMS if d != 128
+        for case in (Case(1, 2, 1, 1, d), Case(2, 4, 257, 257, d, kv_heads=1), Case(1, 2, 100, 357, d, kv_heads=1),
+                     Case(1, 2, 300, 130, d), Case(1, 4, 1000, 1000, d))]
 
 
 IMPLEMENTATIONS = [
@@ -176,9 +180,9 @@ IMPLEMENTATIONS = [
                    out=DENSE_OUT),
     Implementation("flash_attn_v2_tuned", flash_attn_v2_tuned, max_head_dim=256, head_dims=V2_HEAD_DIMS,
                    gqa=True, out=DENSE_OUT, cases=_tuned_cases),
-    # chapter 5 on Hopper: FA3's schedule in Gluon; float16/bfloat16, head_dim 128, compute capability 9.x
-    Implementation("flash_attn_hopper", flash_attn_hopper, min_head_dim=HOPPER_HEAD_DIM,
-                   max_head_dim=HOPPER_HEAD_DIM, head_dims=(HOPPER_HEAD_DIM,), gqa=True,
+    # chapter 7: FA3's schedule in Gluon; float16/bfloat16, head_dim 64, 128 or 256, compute capability 9.x
+    Implementation("flash_attn_hopper", flash_attn_hopper, min_head_dim=min(HOPPER_HEAD_DIMS),
+                   max_head_dim=max(HOPPER_HEAD_DIMS), head_dims=HOPPER_HEAD_DIMS, gqa=True,
                    dtypes=(torch.float16, torch.bfloat16), out=DENSE_OUT, runs_triton=False,
                    gpu_only="the Gluon kernel", unavailable=_on_hopper, cases=_hopper_cases,
                    layouts=("bhnd", "bnhd")),

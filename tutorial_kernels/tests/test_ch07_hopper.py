@@ -13,8 +13,8 @@ import types
 import pytest
 import torch
 
-from tutorial_kernels.ch07_hopper import (MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper, hopper_kernel_unavailable,
-                                          pairs_per_section, runs_persistent)
+from tutorial_kernels.ch07_hopper import (HEAD_DIMS, MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper,
+                                          hopper_kernel_unavailable, pairs_per_section, runs_persistent)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
 from tutorial_kernels.validation import UnsupportedShape
@@ -33,21 +33,23 @@ def needs_hopper(test):
 @needs_hopper
 @pytest.mark.parametrize("programs,section", [(1, None), (2, 3), (5, 1), (7, 4)])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 3, 3, 300, 130), (1, 2, 1, 1000, 1000),
-                                   (2, 2, 1, 100, 357)],
-                         ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
+@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300, 128), (1, 3, 3, 300, 130, 128), (1, 2, 1, 1000, 1000, 128),
+                                   (2, 2, 1, 100, 357, 128), (2, 4, 2, 300, 300, 64), (1, 2, 1, 1000, 1000, 64),
+                                   (2, 4, 2, 300, 300, 256), (1, 2, 1, 1000, 1000, 256)],
+                         ids=lambda s: "b{}h{}kv{}-nq{}-nk{}-d{}".format(*s))
 def test_programs_that_run_several_work_items_carry_the_ring_and_q_across_them(shape, causal, programs, section):
     # The launch is persistent: with fewer programs than work items, each program runs several, and
     # its barriers' phases and the K/V ring run on from one item to the next, through items with
     # different numbers of key tiles and (causal, n_q > n_k) items whose rows see no key at all;
-    # sections of 1, 3 or 4 (batch, head) pairs leave a smaller last section in some shapes.
+    # sections of 1, 3 or 4 (batch, head) pairs leave a smaller last section in some shapes. Each
+    # head dimension has its own key tile and ring (TILES).
     from tutorial_kernels.ch07_hopper import _launch
 
-    batch, heads, kv_heads, n_q, n_k = shape
-    x = random_qkv(batch, heads, n_q, n_k, 128, torch.bfloat16, "cuda", layout="bnhd")
+    batch, heads, kv_heads, n_q, n_k, head_dim = shape
+    x = random_qkv(batch, heads, n_q, n_k, head_dim, torch.bfloat16, "cuda", layout="bnhd")
     k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
     out = poisoned(tuple(x.q.shape), torch.bfloat16, "cuda")
-    _launch(x.q, k, v, causal, 128 ** -0.5, out, programs=programs, section=section)
+    _launch(x.q, k, v, causal, head_dim ** -0.5, out, programs=programs, section=section)
     group = heads // kv_heads
     ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
     assert_close(out, ref, torch.bfloat16, seed=x.seed)
@@ -81,10 +83,11 @@ def test_strided_views_with_an_offset_and_keys_past_a_tile_read_nothing_of_their
 
 @needs_hopper
 def test_unsupported_inputs_say_why():
-    x = random_qkv(1, 2, 64, 64, 64, torch.float16, "cuda")
-    assert "head_dim 128" in hopper_kernel_unavailable(x.q, x.k, x.v)
-    with pytest.raises(UnsupportedShape, match="head_dim 128 only, got 64"):
+    x = random_qkv(1, 2, 64, 64, 80, torch.float16, "cuda")
+    assert "head_dim 64, 128 or 256, got 80" in hopper_kernel_unavailable(x.q, x.k, x.v)
+    with pytest.raises(UnsupportedShape, match="head_dim 64, 128 or 256, got 80"):
         flash_attn_hopper(x.q, x.k, x.v)
+    assert set(HEAD_DIMS) == {64, 128, 256}
     x = random_qkv(1, 2, 64, 64, 128, torch.float32, "cuda")
     with pytest.raises(TypeError, match="torch.float16 and torch.bfloat16, got torch.float32"):
         flash_attn_hopper(x.q, x.k, x.v)
@@ -233,8 +236,7 @@ def test_dealing_forwards_and_backwards_evens_out_the_prefill_shape():
 
 @NEEDS_PLOTLY
 def test_the_pipeline_picture_keeps_the_kernels_barriers():
-    from tutorial_kernels.ch07_hopper import STAGES
-    from tutorial_kernels.figures.ch07 import MMA_UNITS, pipeline_schedule
+    from tutorial_kernels.figures.ch07 import MMA_UNITS, STAGES, pipeline_schedule
 
     n_tiles = 7
     run = pipeline_schedule(n_tiles)

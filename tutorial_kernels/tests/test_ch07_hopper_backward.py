@@ -15,7 +15,8 @@ import torch
 
 from tutorial_kernels.attention import backward_kernel_for, flash_attention
 from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse, hopper_kernel_unavailable
-from tutorial_kernels.ch07_hopper_backward import MIN_KEYS, flash_attn_hopper_backward, preferred_over_triton
+from tutorial_kernels.ch07_hopper_backward import (MIN_KEYS, flash_attn_hopper_backward, hopper_backward_unavailable,
+                                                   preferred_over_triton)
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.testing import assert_close, grad_tolerance, random_qkv, tolerance
 from tutorial_kernels.tests.test_ch07_hopper import needs_hopper
@@ -30,7 +31,8 @@ def test_the_gluon_kernels_compile_for_hopper_without_a_gpu():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert {r["kernel"] for r in reports} == {"forward-full", "forward-causal", "backward-full", "backward-causal"}
+    assert {r["kernel"] for r in reports} == {f"forward-d{d}-{tag}" for d in (64, 128, 256) for tag in ("full", "causal")
+                                              } | {"backward-full", "backward-causal"}
     for r in reports:
         assert 0 < r["shared_bytes"] <= SHARED_MEMORY_LIMIT, r
 
@@ -48,6 +50,11 @@ def test_cpu_tensors_are_refused_with_the_reason():
         flash_attn_hopper_backward(q, q, q, q, q[..., 0], q, False)
     with pytest.raises(TypeError, match="float16 and torch.bfloat16, got torch.float32"):
         flash_attn_hopper_backward(*(t.float() for t in (q, q, q, q)), q[..., 0].float(), q.float(), False)
+    # the forward runs head_dim 64 and 256 as well; this backward 128 only
+    q64 = torch.randn(1, 2, 8, 64, dtype=torch.float16)
+    assert "head_dim 128, got 64" in hopper_backward_unavailable(q64, q64, q64, q64)
+    with pytest.raises(UnsupportedShape, match="Hopper backward is built for head_dim 128, got 64"):
+        flash_attn_hopper_backward(q64, q64, q64, q64, q64[..., 0].float(), q64, False)
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
