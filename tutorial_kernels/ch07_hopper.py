@@ -69,6 +69,10 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 # weigh most. A decoding step (one query) would fill a 128-row tile with one row: left to Triton.
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
+# The head dimensions at which it is preferred: at 256 it led chapter 5's kernel by up to a fifth from
+# 1024 keys on; at 64 the two were level on the H100, each ahead by a few per cent at some lengths
+# (experiments/2026-11-25_hopper_head_dims), so chapter 5's autotuned kernel keeps d = 64.
+PREFERRED_HEAD_DIMS = (128, 256)
 
 
 # --8<-- [start:work_item]
@@ -475,7 +479,7 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     plan = attention_call_key(q, k, v, out, causal, sm_scale)  # a call like an earlier one: launch directly
     if plan in _launches:
         out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-        if _launches.relaunch(plan, *_descriptors(q, k, v), out, out):  # out again: no lse written
+        if _launches.relaunch(plan, q, k, v, out, out):  # the descriptors' tensors; out again: no lse written
             return out
     # runs_triton=False: the device rules are this kernel's own (hopper_kernel_unavailable)
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
@@ -499,7 +503,7 @@ def flash_attn_hopper_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     plan = attention_call_key(q, k, v, None, causal, sm_scale, "lse")
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    if plan in _launches and _launches.relaunch(plan, *_descriptors(q, k, v), out, lse):
+    if plan in _launches and _launches.relaunch(plan, q, k, v, out, lse):
         return out, lse
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
@@ -540,8 +544,11 @@ def pairs_per_section(kv_bytes: int, kv_heads: int, causal: bool, l2_bytes: int,
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Whether these CUDA inputs are long enough for this kernel to beat chapter 5's Triton kernel
-    (MIN_KEYS_PERSISTENT with persistent programs, MIN_KEYS without). Says nothing about whether the
-    kernel can run them: `hopper_kernel_unavailable` does."""
+    (MIN_KEYS_PERSISTENT with persistent programs, MIN_KEYS without), at a head dimension where it
+    does (PREFERRED_HEAD_DIMS). Says nothing about whether the kernel can run them:
+    `hopper_kernel_unavailable` does."""
+    if q.shape[3] not in PREFERRED_HEAD_DIMS:
+        return False
     n = min(q.shape[2], k.shape[2])
     if n >= MIN_KEYS:
         return True
@@ -609,4 +616,5 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
 
 
 __all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
-           "runs_persistent", "pairs_per_section", "tma_load", "TILES", "HEAD_DIMS", "MIN_KEYS", "MIN_KEYS_PERSISTENT"]
+           "runs_persistent", "pairs_per_section", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
+           "MIN_KEYS_PERSISTENT"]

@@ -103,6 +103,15 @@ SUITES: dict[str, Suite] = {
         notes=["TFLOP/s counts 2.5 × the forward's FLOPs (five N×N×d matmuls to the forward's two).",
                "Our kernels are autotuned per shape before timing; the choices are in each row's 'config'."],
     ),
+    "ch07-head-dims": Suite(
+        description="Chapter 7's Hopper forward at head_dim 64 and 256 against torch's cuDNN and flash backends "
+        "and chapter 5's tuned Triton kernel, FA2 paper convention (B·N = 16384, H·d = 2048), bf16",
+        providers=["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"],
+        shapes=fa2_paper_shapes((64, 256), (1024, 2048, 4096, 8192, 16384), ("bfloat16",)),
+        default_out="ch07_hopper_head_dims.json",
+        notes=["The Hopper kernel's tiles per head dimension are ch07_hopper.TILES; the tuned Triton kernel is "
+               "autotuned per shape before timing."],
+    ),
     "front-door-fwd": Suite(
         description="Forward pass of tutorial_kernels.flash_attention as a user calls it, against torch's cuDNN "
         "and flash backends, FA2 paper convention (B·N = 16384, H·d = 2048), d ∈ {64, 128}, fp16 and bf16",

@@ -42,6 +42,17 @@ def hopper_schedule(data: dict | None = None) -> go.Figure:
                        "Head dimension 128 on an H100: FA3's schedule in Gluon against cuDNN and the Triton kernel")
 
 
+@figure("ch07-hopper-head-dims")
+def hopper_head_dims(data: dict | None = None) -> go.Figure:
+    """The Hopper kernel at head_dim 64 and 256 against cuDNN, torch flash and the tuned Triton kernel,
+    bfloat16 (data/ch07_hopper_head_dims.json, `python -m tutorial_kernels.bench ch07-head-dims`)."""
+    from tutorial_kernels.bench import PROVIDERS
+
+    return probe_bars(data or load_data("ch07_hopper_head_dims"),
+                      {PROVIDERS[key].label: provider_colour(key) for key in HOPPER_PROBE_PROVIDERS},
+                      "Head dimensions 64 and 256 on an H100: the same schedule, other tiles")
+
+
 PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.json → bar colour
     "Hopper kernel (ch. 5), as launched": HOPPER_VARIANT_COLOURS[0],
     "Hopper kernel, forced persistent": HOPPER_VARIANT_COLOURS[1],

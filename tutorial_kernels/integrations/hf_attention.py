@@ -68,7 +68,7 @@ def tutorial_flash_attention(
     additive bias) raises a ValueError.
 
     The call goes through the package's front door, `tutorial_kernels.flash_attention`, which picks
-    the forward (on a Hopper GPU at head_dim 128 with enough queries and keys for it to be the faster,
+    the forward (on a Hopper GPU at head_dim 128 or 256 with enough queries and keys for it to be the faster,
     a prefill, not a decoding step: chapter 7's Hopper kernel, FA3's schedule; elsewhere chapter 5's
     autotuned Triton kernel) and, with autograd recording (training), the backward (chapter 7's where
     `ch07_hopper_backward.preferred_over_triton`, else chapter 6's kernels).
@@ -101,7 +101,7 @@ def tutorial_flash_attention(
         return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d), the layout o_proj reads: one copy
     # At inference the kernel writes straight into a (B, n_q, H, d) buffer, through a (B, H, n_q, d)
     # view of it: no transposing copy afterwards. The front door picks the kernel: on a Hopper GPU at
-    # head_dim 128 with enough queries and keys (a prefill, not a decoding step), chapter 7's;
+    # head_dim 128 or 256 with enough queries and keys (a prefill, not a decoding step), chapter 7's;
     # elsewhere chapter 5's autotuned Triton kernel (its teaching configuration on the CPU).
     batch, heads, _, head_dim = query.shape
     out = torch.empty((batch, n_q, heads, head_dim), dtype=query.dtype, device=query.device)

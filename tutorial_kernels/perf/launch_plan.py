@@ -63,9 +63,31 @@ def attention_call_key(q: object, k: object, v: object, out: object, causal: obj
     return (causal, sm_scale, out is None, *extra, *signatures)
 
 
+def _is_descriptor(arg: object) -> bool:
+    """A host-side TMA descriptor (Triton's or Gluon's `TensorDescriptor`) over a tensor."""
+    return isinstance(getattr(arg, "base", None), torch.Tensor)
+
+
 def _replaceable(arg: object) -> bool:
     """A tensor, or a host-side TMA descriptor over one: the arguments a relaunch replaces."""
-    return isinstance(arg, torch.Tensor) or isinstance(getattr(arg, "base", None), torch.Tensor)
+    return isinstance(arg, torch.Tensor) or _is_descriptor(arg)
+
+
+def _template(descriptor: object) -> object:
+    """A copy of a host-side descriptor without its tensor: block shape, layout, shape and strides."""
+    template = object.__new__(type(descriptor))
+    template.__dict__.update(descriptor.__dict__, base=None)
+    return template
+
+
+def _over(template: object, tensor: torch.Tensor) -> object:
+    """`template`'s descriptor over `tensor`. The descriptor's constructor is skipped, and with it its
+    checks (16-byte alignment and strides, positive sizes): a relaunch key equal to the remembered
+    one means equal shapes, strides and alignment, all of which those checks passed at the first call.
+    About a microsecond instead of a few (the constructor validates a dozen things), in every layer."""
+    descriptor = object.__new__(type(template))
+    descriptor.__dict__.update(template.__dict__, base=tensor)
+    return descriptor
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,7 @@ class _Plan:
     arguments: tuple  # every parameter of the kernel, in order, as the launcher takes them; None where a
     # tensor (or descriptor) argument goes
     replaced: tuple[int, ...]  # the positions of the tensor (or descriptor) arguments
+    templates: tuple  # per replaced position: None for a tensor, a descriptor's `_template` for a descriptor
 
 
 class LaunchPlans:
@@ -108,10 +131,11 @@ class LaunchPlans:
             else:
                 return  # cannot happen for a call that just compiled; remember nothing rather than guess
         replaced = tuple(i for i, a in enumerate(arguments) if _replaceable(a))
+        templates = tuple(_template(arguments[i]) if _is_descriptor(arguments[i]) else None for i in replaced)
         for i in replaced:
             arguments[i] = None  # each relaunch brings its own; keeping these would keep their memory
         self._plans[key] = _Plan(compiled, tuple(grid) + (1,) * (3 - len(grid)), driver.active.get_current_device(),
-                                 tuple(arguments), replaced)
+                                 tuple(arguments), replaced, templates)
 
     def clear(self) -> None:
         """Forget every remembered launch (after a change to what the launcher decides from its settings)."""
@@ -119,9 +143,10 @@ class LaunchPlans:
 
     # --8<-- [start:relaunch]
     def relaunch(self, key: Hashable, *tensors) -> bool:
-        """Launch what was remembered under `key` with `tensors` in place of its tensor (and
-        descriptor) arguments, in their order. False, having launched nothing, when nothing is
-        remembered under `key` or another device is current."""
+        """Launch what was remembered under `key` with `tensors` in place of its tensor and descriptor
+        arguments, in their order; where the remembered launch took a descriptor, the tensor it was over
+        (the remembered descriptor's block and layout are put over it) or a descriptor. False, having
+        launched nothing, when nothing is remembered under `key` or another device is current."""
         plan = self._plans.get(key)
         if plan is None:
             return False
@@ -129,8 +154,9 @@ class LaunchPlans:
         if device != plan.device:  # the compiled function is loaded per device
             return False
         arguments = list(plan.arguments)
-        for position, tensor in zip(plan.replaced, tensors, strict=True):
-            arguments[position] = tensor
+        for position, template, tensor in zip(plan.replaced, plan.templates, tensors, strict=True):
+            over_tensor = template is not None and isinstance(tensor, torch.Tensor)
+            arguments[position] = _over(template, tensor) if over_tensor else tensor
         compiled, grid, stream = plan.compiled, plan.grid, driver.active.get_current_stream(device)
         # the call Triton's JITFunction.run ends with: launch hooks (a profiler's) are honoured
         compiled.run(*grid, stream, compiled.function, compiled.packed_metadata,

@@ -49,6 +49,7 @@ class Implementation:
     min_head_dim: int = 16
     max_head_dim: int = 128
     head_dims: tuple[int, ...] = HEAD_DIMS  # the head dimensions the shape matrix visits
+    only_head_dims: bool = False  # runs these head dimensions only, not every one from min to max
     gqa: bool = False
     dtypes: tuple[torch.dtype, ...] = ALL_KERNEL_DTYPES
     out: str | None = CONTIGUOUS_OUT
@@ -75,6 +76,8 @@ class Implementation:
 
     def fit(self, head_dim: int) -> int:
         """`head_dim` if this implementation runs it, else the nearest one it does."""
+        if self.only_head_dims:
+            return min(self.head_dims, key=lambda d: abs(d - head_dim))
         return min(max(head_dim, self.min_head_dim), self.max_head_dim)
 
     def shape_cases(self) -> list[Case]:
@@ -182,7 +185,7 @@ IMPLEMENTATIONS = [
                    gqa=True, out=DENSE_OUT, cases=_tuned_cases),
     # chapter 7: FA3's schedule in Gluon; float16/bfloat16, head_dim 64, 128 or 256, compute capability 9.x
     Implementation("flash_attn_hopper", flash_attn_hopper, min_head_dim=min(HOPPER_HEAD_DIMS),
-                   max_head_dim=max(HOPPER_HEAD_DIMS), head_dims=HOPPER_HEAD_DIMS, gqa=True,
+                   max_head_dim=max(HOPPER_HEAD_DIMS), head_dims=HOPPER_HEAD_DIMS, only_head_dims=True, gqa=True,
                    dtypes=(torch.float16, torch.bfloat16), out=DENSE_OUT, runs_triton=False,
                    gpu_only="the Gluon kernel", unavailable=_on_hopper, cases=_hopper_cases,
                    layouts=("bhnd", "bnhd")),

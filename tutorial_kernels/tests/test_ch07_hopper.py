@@ -154,6 +154,10 @@ def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch
     assert ch07_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
     assert not ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
     assert ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)
+    # by head dimension: 256 as 128; 64, where the two kernels were level, never
+    for head_dim, preferred in ((64, False), (256, True)):
+        q, k = (torch.empty(4, 8, 4096, head_dim, dtype=torch.bfloat16, device="meta") for _ in range(2))
+        assert ch07_hopper.preferred_over_triton(q, k, causal=False) is preferred
 
 NEEDS_PLOTLY = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
                                 reason="the figures need plotly (pip install -e '.[site]')")

@@ -96,6 +96,43 @@ def test_a_plan_keeps_the_argument_order_and_no_tensor(monkeypatch):
     assert "key" not in plans
 
 
+def test_a_relaunch_puts_the_remembered_descriptor_over_a_new_tensor(monkeypatch):
+    # A host-side TMA descriptor argument: the plan keeps its block and layout without its tensor, and
+    # a relaunch given a tensor in its place gets that descriptor over the new tensor.
+    import inspect
+    from types import SimpleNamespace
+
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from tutorial_kernels.perf import launch_plan
+
+    runs = []
+    compiled = SimpleNamespace(packed_metadata="meta", function="fn", launch_metadata=lambda grid, stream, *args: None,
+                               run=lambda *args: runs.append(args))
+    monkeypatch.setattr(launch_plan, "driver", SimpleNamespace(active=SimpleNamespace(
+        get_current_device=lambda: 0, get_current_stream=lambda device: "stream")))
+
+    class Jitted:  # kernel(x_desc, out)
+        params = [SimpleNamespace(name=n, has_default=False, default=inspect.Parameter.empty) for n in ("x_desc", "out")]
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: compiled
+
+    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
+    x, out = torch.randn(128, 64, dtype=torch.float16), torch.empty(3)
+    plans = LaunchPlans(Jitted())
+    plans.launch("key", (2,), TensorDescriptor.from_tensor(x, [64, 64], layout), out)
+    assert plans._plans["key"].templates[0].base is None, "a plan keeps no tensor"
+    x2, out2 = torch.randn(128, 64, dtype=torch.float16), torch.empty(3)
+    assert plans.relaunch("key", x2, out2)
+    descriptor = runs[-1][-2]
+    assert isinstance(descriptor, TensorDescriptor) and descriptor.base is x2 and descriptor.layout == layout
+    assert (list(descriptor.shape), list(descriptor.strides), descriptor.block_shape) == ([128, 64], [64, 1], [64, 64])
+    given = TensorDescriptor.from_tensor(x2, [64, 64], layout)
+    assert plans.relaunch("key", given, out2) and runs[-1][-2] is given  # a descriptor goes in as it is
+
+
 def _full_launch_only(monkeypatch, owner, name="plans"):
     """Give `owner.name` an empty LaunchPlans: every call then launches the full way."""
     monkeypatch.setattr(owner, name, LaunchPlans(getattr(owner, name).kernel))
