@@ -69,9 +69,9 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 # weigh most. A decoding step (one query) would fill a 128-row tile with one row: left to Triton.
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
-# The head dimensions at which it is preferred: at 256 it led chapter 5's kernel by up to a fifth from
-# 1024 keys on; at 64 the two were level on the H100, each ahead by a few per cent at some lengths
-# (experiments/2026-11-25_hopper_head_dims), so chapter 5's autotuned kernel keeps d = 64.
+# The head dimensions at which it is preferred (data/ch07_hopper_head_dims.json, H100): at 256 it led
+# chapter 5's kernel causal by up to a sixth and was level not causal; at 64 the two were level from
+# 4096 keys on and chapter 5's ahead below, so chapter 5's autotuned kernel keeps d = 64.
 PREFERRED_HEAD_DIMS = (128, 256)
 
 
@@ -495,6 +495,14 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     return _launch(q, k, v, causal, shape.sm_scale, out, plan=plan)
 
 
+def relaunch_remembered(plan: Hashable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Repeat the launch a `flash_attn_hopper(q, k, v, causal, sm_scale, out=out)` call remembered under
+    `plan`, its `attention_call_key(q, k, v, out, causal, sm_scale)`, with these tensors: for a caller that
+    already knows the key (the front door) and so need not have it computed twice. False, having
+    launched nothing, if nothing is remembered under `plan`."""
+    return _launches.relaunch(plan, q, k, v, out, out)
+
+
 def flash_attn_hopper_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                                sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse): `flash_attn_hopper`'s output and the log-sum-exp of every query row, (B, H, n_q)
@@ -616,5 +624,5 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
 
 
 __all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
-           "runs_persistent", "pairs_per_section", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
+           "runs_persistent", "pairs_per_section", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
            "MIN_KEYS_PERSISTENT"]

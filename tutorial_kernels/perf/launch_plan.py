@@ -43,7 +43,7 @@ def address_aligned(t: torch.Tensor) -> bool:
 def tensor_signature(t: torch.Tensor) -> tuple:
     """Everything about a tensor argument that can change a launch, except its address: shape,
     strides, dtype, device and alignment."""
-    return (t.shape, t.stride(), t.dtype, t.get_device(), address_aligned(t))
+    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)  # address_aligned, inlined
 
 
 def attention_call_key(q: object, k: object, v: object, out: object, causal: object, sm_scale: object,
@@ -52,15 +52,18 @@ def attention_call_key(q: object, k: object, v: object, out: object, causal: obj
     calls that every check would treat alike and that launch the same specialisation with the same
     scalars. None for arguments of a kind the full checks must see (they raise): a non-tensor, a
     causal flag that is not a bool, a scale that is not None or a float."""
-    tensors = (q, k, v) if out is None else (q, k, v, out)
-    if not (all(isinstance(t, torch.Tensor) for t in tensors) and isinstance(causal, bool)
-            and (sm_scale is None or type(sm_scale) is float)):
+    # Written out without loops or generators: every layer of a model computes this key for every call.
+    if not (type(causal) is bool and (sm_scale is None or type(sm_scale) is float) and isinstance(q, torch.Tensor)
+            and isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)
+            and (out is None or isinstance(out, torch.Tensor))):
         return None
     try:
-        signatures = tuple(tensor_signature(t) for t in tensors)
+        if out is None:
+            return (causal, sm_scale, True, *extra, tensor_signature(q), tensor_signature(k), tensor_signature(v))
+        return (causal, sm_scale, False, *extra, tensor_signature(q), tensor_signature(k), tensor_signature(v),
+                tensor_signature(out))
     except RuntimeError:  # a tensor without strides or storage (sparse, nested): the checks will say so
         return None
-    return (causal, sm_scale, out is None, *extra, *signatures)
 
 
 def _is_descriptor(arg: object) -> bool:

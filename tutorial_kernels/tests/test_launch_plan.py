@@ -304,3 +304,32 @@ def test_the_hopper_kernel_remembers_its_launch_and_not_forced_schedules(monkeyp
     ch07_hopper._launch(x.q, k, v, causal, 0.1, out, programs=1, plan="a key")  # a forced schedule
     assert len(ch07_hopper._launches) == 0
 
+
+
+@pytest.mark.gpu("the Gluon kernel")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
+@pytest.mark.parametrize("head_dim", [128, 256])
+@pytest.mark.parametrize("with_out", [True, False], ids=["out", "no-out"])
+def test_the_front_door_relaunches_the_hopper_kernel_under_its_own_key(monkeypatch, head_dim, with_out):
+    # The front door remembers the Hopper kernel's launch key with its decision and relaunches from
+    # the second call on, with each call's own tensors, neither recomputing that key nor dispatching.
+    from tutorial_kernels import attention, ch07_hopper
+
+    _full_launch_only(monkeypatch, ch07_hopper, "_launches")
+    monkeypatch.setattr(attention, "_DECISIONS", {})
+    batch, heads, kv_heads, n = 1, 8, 2, 2100
+    for call in range(3):
+        x = random_qkv(batch, heads, n, n, head_dim, torch.bfloat16, "cuda", layout="bnhd")
+        k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
+        out = poisoned((batch, n, heads, head_dim), torch.bfloat16, "cuda").transpose(1, 2) if with_out else None
+        if call == 2:
+            (kernel, _, plan), = attention._DECISIONS.values()
+            assert kernel == "hopper" and plan in ch07_hopper._launches
+            _forbid_triton_dispatch(monkeypatch, ch07_hopper._flash_hopper_fwd)
+            monkeypatch.setattr(ch07_hopper, "attention_call_key", None)  # flash_attn_hopper is not called
+        with torch.no_grad():
+            got = attention.flash_attention(x.q, k, v, True, out=out)
+        assert out is None or got is out
+        group = heads // kv_heads
+        ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
+        assert_close(got, ref, torch.bfloat16, seed=x.seed)
