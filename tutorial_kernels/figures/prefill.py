@@ -182,14 +182,16 @@ def prefill_launch_cost(data: dict | None = None) -> Table:
     data = data or load_data("launch_overhead")
     rows = data["measurements"]
     keys = list(dict.fromkeys((r["model"], r["impl"]) for r in rows))
+    cpu_lengths = sorted({r["n"] for r in rows if "cpu_us" in r})
     lengths = sorted({r["n"] for r in rows if "gpu_ms" in r})
-    cpu = {(r["model"], r["impl"]): r["cpu_us"] for r in rows if "cpu_us" in r}
+    cpu = {(r["model"], r["impl"], r["n"]): r["cpu_us"] for r in rows if "cpu_us" in r}
     gpu = {(r["model"], r["impl"], r["n"]): r["gpu_ms"] for r in rows if "gpu_ms" in r}
     shape = {r["model"]: f"{r['model']} ({r['heads']}/{r['kv_heads']} heads, d={r['head_dim']})" for r in rows}
     cells = [[shape[m] for m, _ in keys], [i for _, i in keys],
-             [f"{cpu[k]:.0f}" if k in cpu else "—" for k in keys],
+             *[[f"{cpu[(m, i, n)]:.0f}" if (m, i, n) in cpu else "—" for m, i in keys] for n in cpu_lengths],
              *[[f"{gpu[(m, i, n)] * 1e3:.0f}" if (m, i, n) in gpu else "—" for m, i in keys] for n in lengths]]
-    header = ["attention shape of", "implementation", "CPU µs per call (N = 16)", *[f"GPU µs, N = {n}" for n in lengths]]
+    header = ["attention shape of", "implementation", *[f"CPU µs per call, N = {n}" for n in cpu_lengths],
+              *[f"GPU µs, N = {n}" for n in lengths]]
     return measured_table(header, cells, data, "One layer's attention call as the model makes it, bfloat16, causal, "
                           "batch 1", align=["left", "left"] + ["right"] * (len(cells) - 2))
 

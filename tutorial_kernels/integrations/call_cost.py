@@ -67,6 +67,11 @@ def capture_attention_inputs(model_key: str, n: int) -> dict:
     return captured
 
 
+def rotated(labels: list[str], rounds: int) -> list[str]:
+    """The labels `rounds` times, each round starting one further on: none always measured first."""
+    return [labels[(turn + i) % len(labels)] for turn in range(rounds) for i in range(len(labels))]
+
+
 def issue_us(call, calls: int = CALLS) -> float:
     """µs of wall time per call to issue `calls` calls, the GPU's work left queued (see the docstring)."""
     for _ in range(20):
@@ -97,7 +102,6 @@ def measure(models=MODELS) -> list[dict]:
     import triton.testing
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    from tutorial_kernels.bench import take_turns
     from tutorial_kernels.integrations.hf_attention import tutorial_flash_attention
 
     impls = {"sdpa": sdpa_attention_forward, "tutorial_fa2": tutorial_flash_attention}
@@ -117,7 +121,7 @@ def measure(models=MODELS) -> list[dict]:
             cpu = {label: [] for label in calls}
             gpu = {label: [] for label in calls}
             with torch.inference_mode():
-                for label in take_turns(list(calls), ROUNDS):
+                for label in rotated(list(calls), ROUNDS):
                     if n in CPU_LENGTHS:
                         cpu[label].append(issue_us(calls[label]))
                     if n in GPU_LENGTHS:
