@@ -80,11 +80,12 @@ def ch07_forward():
     from tutorial_kernels.ch07_hopper import _launch, flash_attn_hopper, flash_attn_hopper_with_lse  # noqa: PLC2701
 
     for causal in (False, True):
-        q, k, v = _qkv(1, 2, 1, 200, 300, 128, torch.bfloat16, layout="bnhd")
-        flash_attn_hopper(q, k, v, causal)
-        flash_attn_hopper_with_lse(*_qkv(1, 2, 2, 300, 200, 128, torch.float16), causal)
-        # persistent programs that run several work items each, the ring carried across them
-        _launch(q, k, v, causal, 128 ** -0.5, torch.empty_like(q), programs=2, section=1)
+        for head_dim in (64, 128, 256):  # each with its own key tile and ring (ch07_hopper.TILES)
+            q, k, v = _qkv(1, 2, 1, 200, 300, head_dim, torch.bfloat16, layout="bnhd")
+            flash_attn_hopper(q, k, v, causal)
+            flash_attn_hopper_with_lse(*_qkv(1, 2, 2, 300, 200, head_dim, torch.float16), causal)
+            # persistent programs that run several work items each, the ring carried across them
+            _launch(q, k, v, causal, head_dim ** -0.5, torch.empty_like(q), programs=2, section=1)
 
 
 def ch07_backward():
