@@ -375,9 +375,10 @@ def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     import tutorial_kernels.attention as adapter  # the front door, through which the adapter calls
     from tutorial_kernels.ch07_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
 
-    calls = []
-    hopper = adapter.flash_attn_hopper
+    calls = []  # Hopper launches: the first layer's through flash_attn_hopper, the others' remembered
+    hopper, relaunch = adapter.flash_attn_hopper, adapter.relaunch_remembered
     monkeypatch.setattr(adapter, "flash_attn_hopper", lambda *a, **kw: calls.append(1) or hopper(*a, **kw))
+    monkeypatch.setattr(adapter, "relaunch_remembered", lambda *a: relaunch(*a) and (calls.append(1) or True))
     seed = fresh_seed()
     config = tiny_llama(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                         max_position_embeddings=4096)
