@@ -70,7 +70,7 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
 # The head dimensions at which it is preferred (data/ch07_hopper_head_dims.json, H100): at 256 it led
-# chapter 5's kernel causal by up to a sixth and was level not causal; at 64 the two were level from
+# chapter 5's kernel causal by up to a fifth and was level not causal; at 64 the two were level from
 # 4096 keys on and chapter 5's ahead below, so chapter 5's autotuned kernel keeps d = 64.
 PREFERRED_HEAD_DIMS = (128, 256)
 
