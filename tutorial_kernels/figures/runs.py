@@ -66,8 +66,9 @@ def short_line(runs: list[dict]) -> str:
 
 
 def current_command(command: str, commit: str = "") -> str:
-    """`command` as it runs in today's tree: moved modules and scripts under their new paths; a script
-    that is no longer anywhere is named with the commit that ran it. Unchanged outside a checkout."""
+    """`command` as it runs in today's tree: moved modules and scripts under their new paths, an `--out`
+    into a machine's folder left out (the default writes the data file); a script that is no longer
+    anywhere is named with the commit that ran it. Unchanged outside a checkout."""
     root = repository_root()
     if root is None:
         return command
@@ -77,6 +78,9 @@ def current_command(command: str, commit: str = "") -> str:
     for old, new in MOVED_MODULES.items():
         command = re.sub(rf"(-m\s+){re.escape(old)}(?![\w.])", rf"\g<1>{new}", command)
 
+    # `--out` into a machine's folder (the device's output directory): the default, under data/, is where
+    # the committed file lives, so the command a reader reruns leaves it out
+    command = re.sub(r"\s--out\s+/\S+", "", command)
     removed = []
 
     def script(m: re.Match) -> str:

@@ -127,3 +127,14 @@ def test_the_front_door_ratios_flag_the_cells_below_its_bars():
     assert not below_bar(rows[(64, 4096)], "front-door")  # 0.98 meets d = 64's bar
     assert not below_bar(rows[(128, 1024)], "front-door")  # no bar below N = 4096
     assert rows[(128, 1024)]["ratios"][("front-door", "sdpa-cudnn")] == 0.5
+
+
+def test_a_figures_command_reads_as_a_reader_reruns_it():
+    # a run on the lent machine writes into its output folder; the command a caption shows writes the
+    # committed file (the default, under data/), and a repository path after --out stays as it was
+    from tutorial_kernels.figures.runs import current_command
+
+    assert current_command("python -m tutorial_kernels.bench ch07-head-dims --out /root/out/data/x.json") == (
+        "python -m tutorial_kernels.bench ch07-head-dims")
+    assert current_command("python -m tutorial_kernels.bench ch02-rocm --out data/ch02_rocm.json") == (
+        "python -m tutorial_kernels.bench ch02-rocm --out data/ch02_rocm.json")
