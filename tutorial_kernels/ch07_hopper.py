@@ -70,7 +70,7 @@ CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs f
 MIN_KEYS_PERSISTENT = 1024
 MIN_KEYS = 2048
 # The head dimensions at which it is preferred (data/ch07_hopper_head_dims.json, H100): at 256 it led
-# chapter 5's kernel causal by up to a fifth and was level not causal; at 64 the two were level from
+# chapter 5's kernel causal by up to a fifth and was within ±0.05 × cuDNN of it not causal; at 64 the two were level from
 # 4096 keys on and chapter 5's ahead below, so chapter 5's autotuned kernel keeps d = 64.
 PREFERRED_HEAD_DIMS = (128, 256)
 
@@ -429,9 +429,11 @@ def _compute_capability(device_index: int) -> tuple[int, int]:
 
 def hopper_kernel_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor | None = None,
                               *, head_dims: tuple[int, ...] = HEAD_DIMS) -> str | None:
-    """None if `flash_attn_hopper` (with `do` and the backward's `head_dims`: `ch07_hopper_backward`)
-    can run these (already validated) inputs, else why not. Cheap enough for every layer of a model to
-    ask: the properties of a call first, the device's last and remembered."""
+    """None if `flash_attn_hopper` can run these (already validated) inputs, else why not. `do`: the
+    same rules for it too; `head_dims`: the head dimensions accepted, the forward's by default (the
+    backward's question, with its head dimension, is `ch07_hopper_backward.hopper_backward_unavailable`).
+    Cheap enough for every layer of a model to ask: the properties of a call first, the device's last
+    and remembered."""
     if q.dtype not in (torch.float16, torch.bfloat16):
         return f"runs torch.float16 and torch.bfloat16 only, got {q.dtype}"
     if q.shape[3] not in head_dims:
@@ -454,7 +456,8 @@ def check_runnable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, instead
                    do: torch.Tensor | None = None, head_dims: tuple[int, ...] = HEAD_DIMS) -> None:
     """For inputs that passed `check_attention_inputs`: TypeError for a dtype other than float16 and
     bfloat16, UnsupportedShape saying why else this chapter's kernel (with `do`, the backward) cannot
-    run them (`hopper_kernel_unavailable`); both point to `instead`."""
+    run them (`hopper_kernel_unavailable`, with `head_dims` the head dimensions accepted); both point
+    to `instead`."""
     what = "the Hopper kernel" if do is None else "the Hopper backward"
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q.dtype: {what} runs torch.float16 and torch.bfloat16, got {q.dtype}; use {instead} "
@@ -499,7 +502,9 @@ def relaunch_remembered(plan: Hashable, q: torch.Tensor, k: torch.Tensor, v: tor
     """Repeat the launch a `flash_attn_hopper(q, k, v, causal, sm_scale, out=out)` call remembered under
     `plan`, its `attention_call_key(q, k, v, out, causal, sm_scale)`, with these tensors: for a caller that
     already knows the key (the front door) and so need not have it computed twice. False, having
-    launched nothing, if nothing is remembered under `plan`."""
+    launched nothing, if nothing is remembered under `plan`. Nothing is checked: `plan` must be the key
+    these very tensors give, for the remembered TMA descriptors keep the first call's shapes and strides
+    (another signature would have the copy engine read and write out of bounds)."""
     return _launches.relaunch(plan, q, k, v, out, out)
 
 

@@ -4,7 +4,7 @@
 The capabilities are read off each function's checks and docstring:
 
 * head_dim: `check_attention_inputs(..., min_head_dim, max_head_dim)` (16..128 by default; chapter 2's
-  eager function, chapter 5 and chapter 6 go to 256; the Hopper kernel runs 128 only);
+  eager function, chapter 5 and chapter 6 go to 256; the Hopper kernel runs 64, 128 and 256 only);
 * gqa: `allow_gqa=True` (k and v with fewer heads than q, dividing them);
 * dtypes: float32, float16 and bfloat16 (`validation.SUPPORTED_DTYPES`) unless the kernel says otherwise;
 * out: no `out=` at all (None), a contiguous buffer (`check_out`), or any dense layout, e.g. a model's

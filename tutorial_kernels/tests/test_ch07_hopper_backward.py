@@ -39,7 +39,7 @@ def test_the_gluon_kernels_compile_for_hopper_without_a_gpu():
 
 def test_cpu_tensors_are_refused_with_the_reason():
     q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
-    assert "compute capability 9.x" in hopper_kernel_unavailable(q, q, q, q)
+    assert "compute capability 9.x" in hopper_backward_unavailable(q, q, q, q)
     columns_apart = q.transpose(2, 3).contiguous().transpose(2, 3)  # the head dimension with stride 8
     assert "needs do's head dimension contiguous" in hopper_kernel_unavailable(q, q, q, columns_apart)
     with pytest.raises(UnsupportedShape, match=r"Hopper backward needs CUDA tensors .* got cpu"):
@@ -133,5 +133,42 @@ def test_the_front_door_trains_through_the_hopper_kernels(causal):
     flash_attention(q, k, v, causal).backward(do)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (x.q, x.k[:, :2], x.v[:, :2]))
     reference_attention(q64, k64, v64, causal).backward(do.double())
+    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
+        assert_close(got, want, torch.bfloat16, seed=x.seed, what=name, bound=grad_tolerance(torch.bfloat16))
+
+
+@needs_hopper
+@pytest.mark.parametrize("head_dim", [64, 256])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 2, 2, 517, 200), (1, 1, 1, 1, 1)],
+                         ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
+def test_the_forward_writes_the_log_sum_exp_at_the_other_head_dims(shape, causal, head_dim):
+    # what training at d = 64 or 256 starts from: O and lse (−∞ for rows that see no key)
+    batch, heads, kv_heads, n_q, n_k = shape
+    x = random_qkv(batch, heads, n_q, n_k, head_dim, torch.bfloat16, "cuda", layout="bnhd")
+    k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
+    out, lse = flash_attn_hopper_with_lse(x.q, k, v, causal)
+    group = heads // kv_heads
+    assert_close(out, reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal),
+                 torch.bfloat16, seed=x.seed)
+    ref_lse = reference_log_sum_exp(reference_scores(x.q, k, causal))
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ~seen), f"rows that see no key: lse = −∞; seed={x.seed}"
+    assert relative_error(lse[seen], ref_lse[seen]) <= tolerance(torch.bfloat16), f"lse; seed={x.seed}"
+
+
+@needs_hopper
+def test_the_front_door_trains_at_head_dim_256_through_the_hopper_forward():
+    # the Hopper forward (with lse) at d = 256, chapter 6's backward (the Hopper one runs 128 only)
+    x = random_qkv(1, 4, 2100, 2100, 256, torch.bfloat16, "cuda")
+    k, v = x.k[:, :2], x.v[:, :2]
+    from tutorial_kernels.attention import kernel_for
+
+    assert kernel_for(x.q, k, v, True) == "hopper" and backward_kernel_for(x.q, k, v, x.q, True) == "triton-tuned"
+    q, k, v = (t.detach().requires_grad_() for t in (x.q, k, v))
+    do = torch.randn_like(x.q)
+    flash_attention(q, k, v, True).backward(do)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (x.q, x.k[:, :2], x.v[:, :2]))
+    reference_attention(q64, k64, v64, True).backward(do.double())
     for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
         assert_close(got, want, torch.bfloat16, seed=x.seed, what=name, bound=grad_tolerance(torch.bfloat16))
