@@ -128,10 +128,15 @@ def test_the_front_door_trains_through_the_hopper_kernels(causal):
     x = random_qkv(1, 4, 4100, 4100, 128, torch.bfloat16, "cuda")
     k, v = x.k[:, :2], x.v[:, :2]
     assert backward_kernel_for(x.q, k, v, x.q, causal) == ("triton-tuned" if causal else "hopper")
+    _front_door_gradients_match_float64(x, k, v, causal)
+
+
+def _front_door_gradients_match_float64(x, k, v, causal: bool) -> None:
+    """dQ, dK, dV of `flash_attention(q, k, v)` for a random dO against float64 autograd, bfloat16 bounds."""
     q, k, v = (t.detach().requires_grad_() for t in (x.q, k, v))
     do = torch.randn_like(x.q)
     flash_attention(q, k, v, causal).backward(do)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (x.q, x.k[:, :2], x.v[:, :2]))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     reference_attention(q64, k64, v64, causal).backward(do.double())
     for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
         assert_close(got, want, torch.bfloat16, seed=x.seed, what=name, bound=grad_tolerance(torch.bfloat16))
@@ -165,10 +170,4 @@ def test_the_front_door_trains_at_head_dim_256_through_the_hopper_forward():
     from tutorial_kernels.attention import kernel_for
 
     assert kernel_for(x.q, k, v, True) == "hopper" and backward_kernel_for(x.q, k, v, x.q, True) == "triton-tuned"
-    q, k, v = (t.detach().requires_grad_() for t in (x.q, k, v))
-    do = torch.randn_like(x.q)
-    flash_attention(q, k, v, True).backward(do)
-    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (x.q, x.k[:, :2], x.v[:, :2]))
-    reference_attention(q64, k64, v64, True).backward(do.double())
-    for name, got, want in (("dq", q.grad, q64.grad), ("dk", k.grad, k64.grad), ("dv", v.grad, v64.grad)):
-        assert_close(got, want, torch.bfloat16, seed=x.seed, what=name, bound=grad_tolerance(torch.bfloat16))
+    _front_door_gradients_match_float64(x, k, v, True)
