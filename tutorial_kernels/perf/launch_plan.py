@@ -45,7 +45,7 @@ def address_aligned(t: torch.Tensor) -> bool:
 def tensor_signature(t: torch.Tensor) -> tuple:
     """Everything about a tensor argument that can change a launch, except its address: shape,
     strides, dtype, device and alignment."""
-    return (t.shape, t.stride(), t.dtype, t.get_device(), t.data_ptr() % 16 == 0)  # address_aligned, inlined
+    return (t.shape, t.stride(), t.dtype, t.get_device(), address_aligned(t))
 
 
 def attention_call_key(q: object, k: object, v: object, out: object, causal: object, sm_scale: object,
