@@ -12,8 +12,11 @@ A caller that already knows everything that decides the launch but the tensors' 
 shapes, the strides, the dtypes, the scalars, each address's 16-byte alignment) can skip all of it:
 the first call with a given key launches the normal way and remembers the compiled kernel, the
 grid and the full argument list; later calls with that key put their tensors into the list and
-call the C launcher directly. This is what CUDA graphs do for a whole sequence of launches, done
-here for one launch, and without their constraint that the addresses stay fixed.
+call the compiled kernel's launcher, as Triton's dispatch does at its end. Where that launcher is the
+one `direct_launch` knows, they skip its Python layer too and call the C launcher beneath it with
+the argument list already expanded, only the TMA descriptors encoded again at their new addresses.
+This is what CUDA graphs do for a whole sequence of launches, done here for one launch, and without
+their constraint that the addresses stay fixed.
 
 What the key must capture is the caller's responsibility: two calls with equal keys must make the
 same specialisation and pass equal non-tensor arguments, and, for a host-side TMA descriptor, have
@@ -22,7 +25,7 @@ strides included, over the new tensor). The key covers the call, not the launche
 own settings: a launcher whose settings change (a tuning choice, a schedule) must `clear()` its plans.
 A plan keeps no tensor of the call that made it (that would keep its memory allocated for good).
 Nothing is remembered under Triton's interpreter (it compiles nothing). Launch hooks (a profiler's,
-Proton's) are called as Triton calls them.
+Proton's) are called as Triton calls them: while one is set, relaunches take Triton's launcher.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from typing import Any
 import torch
 from triton import knobs
 from triton.runtime.driver import driver
+
+from tutorial_kernels.perf.direct_launch import DirectLaunch, all_tensors, direct_launch, no_launch_hooks
 
 
 def address_aligned(t: torch.Tensor) -> bool:
@@ -105,6 +110,7 @@ class _Plan:
     # tensor (or descriptor) argument goes
     replaced: tuple[int, ...]  # the positions of the tensor (or descriptor) arguments
     templates: tuple  # per replaced position: None for a tensor, a descriptor's `_template` for a descriptor
+    direct: DirectLaunch | None  # the same launch through Triton's C launcher alone, where it is known
 
 
 class LaunchPlans:
@@ -136,12 +142,14 @@ class LaunchPlans:
                 arguments.append(param.default)
             else:
                 return  # cannot happen for a call that just compiled; remember nothing rather than guess
+        grid = tuple(grid) + (1,) * (3 - len(grid))
         replaced = tuple(i for i, a in enumerate(arguments) if _replaceable(a))
         templates = tuple(_template(arguments[i]) if _is_descriptor(arguments[i]) else None for i in replaced)
+        direct = direct_launch(compiled, grid, arguments, replaced, _is_descriptor)
         for i in replaced:
             arguments[i] = None  # each relaunch brings its own; keeping these would keep their memory
-        self._plans[key] = _Plan(compiled, tuple(grid) + (1,) * (3 - len(grid)), driver.active.get_current_device(),
-                                 tuple(arguments), replaced, templates)
+        self._plans[key] = _Plan(compiled, grid, driver.active.get_current_device(), tuple(arguments), replaced,
+                                 templates, direct)
 
     def clear(self) -> None:
         """Forget every remembered launch (after a change to what the launcher decides from its settings)."""
@@ -159,6 +167,11 @@ class LaunchPlans:
         device = driver.active.get_current_device()
         if device != plan.device:  # the compiled function is loaded per device
             return False
+        direct = plan.direct
+        if (direct is not None and no_launch_hooks(knobs.runtime.launch_enter_hook, knobs.runtime.launch_exit_hook)
+                and all_tensors(tensors)):  # Triton's C launcher with the arguments it would be given
+            direct(driver.active.get_current_stream(device), tensors)
+            return True
         arguments = list(plan.arguments)
         for position, template, tensor in zip(plan.replaced, plan.templates, tensors, strict=True):
             over_tensor = template is not None and isinstance(tensor, torch.Tensor)

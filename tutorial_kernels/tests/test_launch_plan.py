@@ -333,3 +333,149 @@ def test_the_front_door_relaunches_the_hopper_kernel_under_its_own_key(monkeypat
         group = heads // kv_heads
         ref = reference_attention(x.q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
         assert_close(got, ref, torch.bfloat16, seed=x.seed)
+
+
+def _stand_in_launcher(c_launch, descriptor_meta=None, descriptor_indices=(), scratch=0):
+    """An object laid out as Triton 3.6's `CudaLauncher`: its `launch` is the C launcher itself, or
+    with descriptor arguments a Python wrapper whose closure holds the C launcher and their metadata."""
+    from types import new_class
+
+    if descriptor_meta is None:
+        launch = c_launch
+    else:
+        def make(launcher, tensordesc_meta, tensordesc_indices):
+            def inner(*args):
+                return launcher, tensordesc_meta, tensordesc_indices
+            return inner
+        launch = make(c_launch, descriptor_meta, set(descriptor_indices))
+    cls = new_class("CudaLauncher")
+    run = cls()
+    run.launch, run.global_scratch_size, run.profile_scratch_size = launch, scratch, 0
+    run.launch_cooperative_grid, run.launch_pdl = False, True
+    return run
+
+
+def test_a_direct_launch_gives_the_c_launcher_the_arguments_triton_would(monkeypatch):
+    # Triton 3.6's wrapper expands each descriptor into [its encoded map, *shape, *strides] and calls the
+    # C launcher after 13 leading arguments; a direct launch must make exactly that call, with each
+    # descriptor encoded at the new tensor's address, and refuse any launcher laid out otherwise.
+    from types import SimpleNamespace
+
+    from tutorial_kernels.perf import direct_launch as dl
+
+    encoded = []
+
+    def encode(address, *encoding):
+        encoded.append((address, encoding))
+        return ("map", address)
+    monkeypatch.setattr(dl, "_tma_encoder", lambda: (encode, {5: 6}))
+    calls = []
+
+    class CLaunch:  # stands in for the compiled module's launch: a callable that is no Python function
+        def __call__(self, *args):
+            calls.append(args)
+    c_launch = CLaunch()
+    desc = SimpleNamespace(base=torch.empty(0), shape=[128, 64], strides=[64, 1], padding="zero")
+    meta = {"swizzle": 3, "elem_size": 2, "elem_type": 5, "block_size": [64, 64], "fp4_padded": False}
+    arguments = [desc, 7, torch.empty(3), 0.5, 16]  # kernel(x_desc, n, out, scale, BLOCK: constexpr)
+    compiled = SimpleNamespace(run=_stand_in_launcher(c_launch, [meta], [0]), function=11,
+                               packed_metadata="meta")
+    direct = dl.direct_launch(compiled, (4, 2, 1), arguments, (0, 2), lambda a: a is desc)
+    assert direct is not None
+    assert not any(isinstance(a, torch.Tensor) for a in direct.expanded), "a direct launch keeps no tensor"
+    x, out = torch.randn(128, 64), torch.empty(3)
+    direct(99, (x, out))
+    assert encoded == [(x.data_ptr(), (3, 2, 6, [64, 64], [128, 64], [64, 1], 0))]
+    assert calls == [(4, 2, 1, 99, 11, False, True, None, None, "meta", None, None, None,
+                      ("map", x.data_ptr()), 128, 64, 64, 1, 7, out, 0.5, 16)]
+    with pytest.raises(ValueError):  # one tensor too few: never a launch with a stale argument
+        direct(99, (x,))
+    # launchers laid out otherwise: Triton's path is kept
+    for run in (_stand_in_launcher(c_launch, [meta], [0], scratch=128),  # scratch from Python's allocator
+                _stand_in_launcher(c_launch, [meta], [1]),  # descriptors somewhere else
+                _stand_in_launcher(c_launch, [None], [0]),  # descriptors without metadata
+                _stand_in_launcher(lambda *a: None, [meta], [0]),  # Python where the C launcher goes
+                SimpleNamespace(launch=c_launch, global_scratch_size=0, profile_scratch_size=0)):  # another class
+        other = SimpleNamespace(run=run, function=11, packed_metadata="meta")
+        assert dl.direct_launch(other, (4, 2, 1), arguments, (0, 2), lambda a: a is desc) is None
+    plain = SimpleNamespace(run=_stand_in_launcher(c_launch), function=11, packed_metadata="meta")
+    assert dl.direct_launch(plain, (4, 1, 1), [torch.empty(3), 7], (0,), lambda a: False) is not None
+    wrapped = SimpleNamespace(run=_stand_in_launcher(lambda *a: None), function=11, packed_metadata="meta")
+    assert dl.direct_launch(wrapped, (4, 1, 1), [torch.empty(3), 7], (0,), lambda a: False) is None
+    monkeypatch.setattr(dl, "_tma_encoder", lambda: None)  # a Triton without the encoder
+    assert dl.direct_launch(compiled, (4, 2, 1), arguments, (0, 2), lambda a: a is desc) is None
+
+
+def test_launch_hooks_that_call_nothing_allow_a_direct_launch():
+    from types import SimpleNamespace
+
+    from tutorial_kernels.perf.direct_launch import no_launch_hooks
+
+    empty, set_ = SimpleNamespace(calls=[]), SimpleNamespace(calls=[print])
+    assert no_launch_hooks(None, None) and no_launch_hooks(empty, empty) and no_launch_hooks(None, empty)
+    assert not no_launch_hooks(set_, empty) and not no_launch_hooks(empty, set_) and not no_launch_hooks(print, None)
+
+
+def _refuse(*args, **kwargs):
+    raise AssertionError("the relaunch went through Triton's launcher, not the C launcher directly")
+
+
+@pytest.mark.gpu("the Gluon kernel")
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel needs a GPU of compute capability 9.x (H100/H200)")
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_a_direct_relaunch_writes_the_bits_tritons_launcher_writes(monkeypatch, head_dim):
+    # The Hopper kernel's three TMA descriptors, encoded at the new tensors' addresses by the direct
+    # launch, against Triton's own launcher (taken while a launch hook is set) on the same inputs.
+    from triton import knobs
+
+    from tutorial_kernels import ch07_hopper
+
+    _full_launch_only(monkeypatch, ch07_hopper, "_launches")
+    x = random_qkv(1, 6, 333, 517, head_dim, torch.bfloat16, "cuda", layout="bnhd")
+    q, k, v = x.q, x.k[:, :2], x.v[:, :2]
+    outputs = []
+    for call in range(3):  # the full launch, the direct relaunch, Triton's launcher under a hook
+        out = poisoned((1, 333, 6, head_dim), torch.bfloat16, "cuda").transpose(1, 2)
+        if call == 1:
+            (plan,) = ch07_hopper._launches._plans.values()
+            assert plan.direct is not None, (f"Triton {triton.__version__}'s launcher is not laid out as "
+                                             "perf/direct_launch.py knows: relaunches take its slower path")
+            _forbid_triton_dispatch(monkeypatch, ch07_hopper._flash_hopper_fwd)
+            tritons_launcher = plan.compiled.run
+            monkeypatch.setattr(plan.compiled, "run", _refuse)
+        if call == 2:
+            monkeypatch.setattr(plan.compiled, "run", tritons_launcher)
+            chain = knobs.runtime.launch_enter_hook
+            seen = []
+            if hasattr(chain, "calls"):
+                monkeypatch.setattr(chain, "calls", [*chain.calls, seen.append])
+            else:
+                monkeypatch.setattr(knobs.runtime, "launch_enter_hook", seen.append)
+        assert ch07_hopper.flash_attn_hopper(q, k, v, True, out=out) is out
+        outputs.append(out)
+    assert len(seen) == 1, "under a launch hook the relaunch takes Triton's launcher, which calls it"
+    group = 3
+    ref = reference_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
+    assert_close(outputs[1], ref, torch.bfloat16, seed=x.seed)
+    for other in (outputs[0], outputs[2]):
+        torch.testing.assert_close(outputs[1], other, rtol=0, atol=0)
+
+
+@needs_gpu
+def test_a_tuned_triton_kernel_relaunches_directly(monkeypatch):
+    # Chapter 5's kernel with pointer arguments (no descriptors, so no scratch memory): its relaunch
+    # goes to the C launcher too, and computes what the full launch computes.
+    _full_launch_only(monkeypatch, ch05.TUNED)
+    q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
+    block_d, _ = ch05._head_dim_blocks(64)
+    tuning_key = (triton.next_power_of_2(100), 64, True, block_d, ch05.EITHER, torch.float16, False)
+    pointers = next(c for c in ch05.TUNED.configs if not c.kwargs["USE_DESCRIPTORS"])
+    monkeypatch.setitem(ch05.TUNED.choices, tuning_key, pointers)  # as if the autotuner chose it
+    first = ch05.flash_attn_v2_tuned(q, k, v, True)
+    (plan,) = ch05.TUNED.plans._plans.values()
+    assert plan.direct is not None, f"Triton {triton.__version__}'s launcher is not the one direct_launch knows"
+    _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
+    monkeypatch.setattr(plan.compiled, "run", _refuse)
+    again = ch05.flash_attn_v2_tuned(q, k, v, True)
+    assert_close(again, reference_attention(q, k, v, True), torch.float16, seed=seed)
+    torch.testing.assert_close(again, first, rtol=0, atol=0)
