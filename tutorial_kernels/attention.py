@@ -32,17 +32,20 @@ from __future__ import annotations
 
 import torch
 
-from tutorial_kernels import ch07_hopper_backward
+from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import flash_attn_backward
 from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
-                                          preferred_over_triton, relaunch_remembered)
+                                          preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
 MAX_HEAD_DIM = 256
 MAX_DECISIONS = 4096  # remembered calls (`flash_attention`); forgotten all at once beyond this
-_DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale, the Hopper kernel's own launch key or None)
+_DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale, its relaunch, the kernel's own launch key or None)
+# per forward kernel that remembers its launches: (its launch key for a call, the relaunch under that key)
+_RELAUNCHES = {"hopper": (ch07_hopper.remembered_key, ch07_hopper.relaunch_remembered),
+               "triton-tuned": (ch05_flash_v2.remembered_key, ch05_flash_v2.relaunch_remembered)}
 
 
 def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
@@ -172,21 +175,22 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     decision = _DECISIONS.get(key) if key is not None else None
     if decision is None:
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
-        decision = ("train" if training else kernel_for(q, k, v, causal, out=out), scale, None)
+        decision = ("train" if training else kernel_for(q, k, v, causal, out=out), scale, None, None)
         if key is not None:
             if len(_DECISIONS) >= MAX_DECISIONS:
                 _DECISIONS.clear()
             _DECISIONS[key] = decision
-    kernel, scale, hopper_plan = decision
+    kernel, scale, relaunch, plan = decision
     if kernel == "train":
         return _attention_fwd(q, k, v, causal, scale)[0]
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    if hopper_plan is not None and relaunch_remembered(hopper_plan, q, k, v, out):
-        return out  # the Hopper kernel's launch, remembered under its key, which this call's key implies
+    if plan is not None and relaunch(plan, q, k, v, out):
+        return out  # the kernel's launch, remembered under its own key, which this call's key implies
     _launch(kernel, q, k, v, out, causal, scale)  # the operator's body, without its dispatch
-    if kernel == "hopper" and key is not None:  # equal front-door keys mean equal Hopper keys: compute it once
-        _DECISIONS[key] = (kernel, scale, attention_call_key(q, k, v, out, causal, scale))
+    if kernel in _RELAUNCHES and key is not None:  # equal front-door keys mean equal kernel keys: compute it once
+        remembered_key, relaunch = _RELAUNCHES[kernel]
+        _DECISIONS[key] = (kernel, scale, relaunch, remembered_key(q, k, v, out, causal, scale))
     return out
 
 

@@ -22,6 +22,8 @@ and pipeline depth per shape on the GPU.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import torch
 import triton
 import triton.language as tl
@@ -472,13 +474,18 @@ TUNED = TunedKernel(
 )
 
 
+def _tuned_key(q, k, v, out, causal, sm_scale, with_lse: bool) -> Hashable | None:
+    """A tuned launch's key: the call's, and what else decides the kernel (lse or not, tl.dot's precision)."""
+    return attention_call_key(q, k, v, out, causal, sm_scale, with_lse, dot_precision(q.dtype))
+
+
 # --8<-- [start:tuned_launch]
 def _launch_tuned(q, k, v, causal, sm_scale, out, *, with_lse=False, descriptors: bool | None = None):
     if descriptors is None and isinstance(q, torch.Tensor) and not autotunes(q):  # full-precision float32
         return _launch_teaching(q, k, v, causal, sm_scale, out, with_lse=with_lse)
     # A call like an earlier one (same shapes, strides, dtypes, alignment, flags) passed the same
     # checks, chose the same configuration and compiled the same kernel: repeat that launch directly.
-    plan = (attention_call_key(q, k, v, out, causal, sm_scale, with_lse, dot_precision(q.dtype))
+    plan = (_tuned_key(q, k, v, out, causal, sm_scale, with_lse)
             if descriptors is None and isinstance(q, torch.Tensor) else None)
     if plan in TUNED.plans:
         o = torch.empty(q.shape, dtype=q.dtype, device=q.device) if out is None else out
@@ -504,6 +511,24 @@ def flash_attn_v2_tuned(
     return _launch_tuned(q, k, v, causal, sm_scale, out, descriptors=descriptors)[0]
 
 
+def remembered_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, causal: bool,
+                   sm_scale: float) -> Hashable | None:
+    """The key under which `flash_attn_v2_tuned(q, k, v, causal, sm_scale, out=out)` remembers its launch,
+    for a caller that knows the call repeats (the front door) and relaunches it with `relaunch_remembered`.
+    None for float32, whose kernel follows torch's matmul precision, a setting such a caller's key may
+    not see."""
+    if q.dtype == torch.float32:
+        return None
+    return _tuned_key(q, k, v, out, causal, sm_scale, False)
+
+
+def relaunch_remembered(plan: Hashable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
+    """Repeat the launch remembered under `plan` (`remembered_key`) with these tensors, writing `out`.
+    False, having launched nothing, if none is remembered (the autotuner's own call remembers nothing).
+    Nothing is checked: `plan` must be the key these very tensors give."""
+    return TUNED.relaunch(plan, q, k, v, out)
+
+
 def flash_attn_v2_with_lse(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
     *, tuned: bool = False,
@@ -522,4 +547,4 @@ def tuned_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
 
 
 __all__ = ["flash_attn_v2_minimal", "flash_attn_v2", "flash_attn_v2_tuned", "flash_attn_v2_with_lse",
-           "teaching_config", "tuned_choice", "TILE_CONFIGS", "TUNED"]
+           "teaching_config", "tuned_choice", "remembered_key", "relaunch_remembered", "TILE_CONFIGS", "TUNED"]

@@ -498,13 +498,19 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     return _launch(q, k, v, causal, shape.sm_scale, out, plan=plan)
 
 
+def remembered_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, causal: bool,
+                   sm_scale: float) -> Hashable | None:
+    """The key under which `flash_attn_hopper(q, k, v, causal, sm_scale, out=out)` remembers its launch,
+    for a caller that knows the call repeats (the front door) and relaunches it with `relaunch_remembered`."""
+    return attention_call_key(q, k, v, out, causal, sm_scale)
+
+
 def relaunch_remembered(plan: Hashable, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> bool:
-    """Repeat the launch a `flash_attn_hopper(q, k, v, causal, sm_scale, out=out)` call remembered under
-    `plan`, its `attention_call_key(q, k, v, out, causal, sm_scale)`, with these tensors: for a caller that
-    already knows the key (the front door) and so need not have it computed twice. False, having
-    launched nothing, if nothing is remembered under `plan`. Nothing is checked: `plan` must be the key
-    these very tensors give, for the remembered TMA descriptors keep the first call's shapes and strides
-    (another signature would have the copy engine read and write out of bounds)."""
+    """Repeat the launch remembered under `plan` (`remembered_key`) with these tensors, writing `out`:
+    for a caller that already knows the key (the front door) and so need not have it computed twice.
+    False, having launched nothing, if nothing is remembered under `plan`. Nothing is checked: `plan`
+    must be the key these very tensors give, for the remembered TMA descriptors keep the first call's
+    shapes and strides (another signature would have the copy engine read and write out of bounds)."""
     return _launches.relaunch(plan, q, k, v, out, out)
 
 
@@ -629,5 +635,5 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
 
 
 __all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
-           "runs_persistent", "pairs_per_section", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
+           "runs_persistent", "pairs_per_section", "remembered_key", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
            "MIN_KEYS_PERSISTENT"]

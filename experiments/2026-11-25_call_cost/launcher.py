@@ -35,7 +35,7 @@ with torch.no_grad():
     flash_attention(q, k, v, True, out=out)
     flash_attention(q, k, v, True, out=out)
     from tutorial_kernels import attention
-    (kernel, scale, plan_key), = attention._DECISIONS.values()
+    (kernel, scale, _, plan_key), = attention._DECISIONS.values()
     assert kernel == "hopper" and plan_key in ch07_hopper._launches
     plan = ch07_hopper._launches._plans[plan_key]
     arguments = list(plan.arguments)
@@ -143,6 +143,11 @@ with torch.no_grad():
         "launch_metadata()": (False, lambda: compiled.launch_metadata(grid, stream, *arguments)),
         "attention_call_key (4 tensors)": (False, lambda: attention_call_key(q, k, v, out, True, None, False)),
         "torch.empty (B,N,H,d) + transpose": (False, lambda: torch.empty((1, n, heads, d), dtype=q.dtype, device=q.device).transpose(1, 2)),
+        "torch.empty((B,N,H,d), dtype=, device=)": (False, lambda: torch.empty((1, n, heads, d), dtype=q.dtype, device=q.device)),
+        "q.new_empty((B,N,H,d))": (False, lambda: q.new_empty((1, n, heads, d))),
+        "torch.empty_like(q) (q in transformers' layout)": (False, lambda: torch.empty_like(q)),
+        "t.transpose(1, 2)": (False, lambda: q.transpose(1, 2)),
+        "q.transpose(1, 2).is_contiguous()": (False, lambda: q.transpose(1, 2).is_contiguous()),
         "3 descriptors over new tensors (_over)": (False, lambda: [launch_plan._over(t, x) for t, x in zip(plan.templates[:3], (q, k, v))]),
         "is_grad_enabled + requires_grad x3 + is_compiling": (False, lambda: (torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)), torch.compiler.is_compiling())),
         "C launcher, arguments expanded and cached (floor)": (True, direct_cached),

@@ -8,8 +8,9 @@ machine's CPU about as much as the C launch itself (experiments/2026-11-25_call_
 
 For a launch that `launch_plan` remembers, all of that is known once but the addresses: the argument
 list in the C launcher's expanded form, and each descriptor's encoding arguments. `DirectLaunch`
-keeps them; a relaunch encodes each descriptor at its new address (Triton's own C function) and calls
-the C launcher, the same call Triton's wrapper ends with, so the kernel receives the same bytes.
+keeps them; a relaunch encodes each descriptor at its new address (Triton's own C function, once per
+address) and calls the C launcher, the same call Triton's wrapper ends with, so the kernel receives
+the same bytes.
 
 This reaches into Triton's internals (Triton 3.6's `CudaLauncher`, its descriptor wrapper's closure),
 which no public API exposes. `direct_launch` recognises that layout and returns None for any other
@@ -20,7 +21,7 @@ calling `compiled.run`, slower and never wrong.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import FunctionType
 from typing import Any
 
@@ -30,6 +31,7 @@ import torch
 # cooperative launch, programmatic dependent launch, global scratch, profile scratch, packed metadata,
 # launch metadata, enter hook, exit hook (`_BASE_ARGS_FORMAT` "iiiKKppOOOOOO" in its nvidia driver).
 _BASE_ARGUMENTS = 13
+MAX_ENCODED = 256  # TMA descriptors kept per launch, by address (128 bytes each)
 
 
 @dataclass(frozen=True)
@@ -42,13 +44,27 @@ class DirectLaunch:
     encodings: tuple  # per replaced argument: None for a tensor (the C launcher reads its data_ptr), or a
     # descriptor's encoding arguments after the address
     encode: Callable  # Triton's C `fill_tma_descriptor(address, *encoding)` → a CUtensorMap
+    encoded: dict = field(default_factory=dict)  # (slot, address) → its CUtensorMap, at most MAX_ENCODED
 
     def __call__(self, stream: int, tensors: tuple) -> None:
         """Launch with `tensors` (torch tensors only, one per replaced argument) on `stream`. Launch hooks
         are not called: the caller takes `compiled.run` while one is set."""
         arguments = list(self.expanded)
+        encoded = self.encoded
         for slot, encoding, tensor in zip(self.slots, self.encodings, tensors, strict=True):
-            arguments[slot] = tensor if encoding is None else self.encode(tensor.data_ptr(), *encoding)
+            if encoding is None:
+                arguments[slot] = tensor
+                continue
+            # A map is a function of the address alone here (shape, strides and block are the plan's), and
+            # the launch copies it into the kernel's parameters: one per address serves every launch. A
+            # model's layers get the same few addresses back from torch's caching allocator.
+            address = tensor.data_ptr()
+            tensor_map = encoded.get((slot, address))
+            if tensor_map is None:
+                if len(encoded) >= MAX_ENCODED:
+                    encoded.clear()
+                tensor_map = encoded[(slot, address)] = self.encode(address, *encoding)
+            arguments[slot] = tensor_map
         head = self.head
         self.launch(head[0], head[1], head[2], stream, *head[4:], *arguments)
 

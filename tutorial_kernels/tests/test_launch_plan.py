@@ -323,7 +323,7 @@ def test_the_front_door_relaunches_the_hopper_kernel_under_its_own_key(monkeypat
         k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
         out = poisoned((batch, n, heads, head_dim), torch.bfloat16, "cuda").transpose(1, 2) if with_out else None
         if call == 2:
-            (kernel, _, plan), = attention._DECISIONS.values()
+            (kernel, _, _, plan), = attention._DECISIONS.values()
             assert kernel == "hopper" and plan in ch07_hopper._launches
             _forbid_triton_dispatch(monkeypatch, ch07_hopper._flash_hopper_fwd)
             monkeypatch.setattr(ch07_hopper, "attention_call_key", None)  # flash_attn_hopper is not called
@@ -388,6 +388,11 @@ def test_a_direct_launch_gives_the_c_launcher_the_arguments_triton_would(monkeyp
     assert encoded == [(x.data_ptr(), (3, 2, 6, [64, 64], [128, 64], [64, 1], 0))]
     assert calls == [(4, 2, 1, 99, 11, False, True, None, None, "meta", None, None, None,
                       ("map", x.data_ptr()), 128, 64, 64, 1, 7, out, 0.5, 16)]
+    direct(98, (x, out))  # the same address: its map is reused, not encoded again
+    assert len(encoded) == 1 and calls[-1] == (*calls[0][:3], 98, *calls[0][4:])
+    x2 = torch.randn(128, 64)
+    direct(99, (x2, out))
+    assert encoded[-1][0] == x2.data_ptr() and calls[-1][13] == ("map", x2.data_ptr())
     with pytest.raises(ValueError):  # one tensor too few: never a launch with a stale argument
         direct(99, (x,))
     # launchers laid out otherwise: Triton's path is kept
@@ -441,10 +446,11 @@ def test_a_direct_relaunch_writes_the_bits_tritons_launcher_writes(monkeypatch, 
             assert plan.direct is not None, (f"Triton {triton.__version__}'s launcher is not laid out as "
                                              "perf/direct_launch.py knows: relaunches take its slower path")
             _forbid_triton_dispatch(monkeypatch, ch07_hopper._flash_hopper_fwd)
-            tritons_launcher = plan.compiled.run
-            monkeypatch.setattr(plan.compiled, "run", _refuse)
+            launcher = type(plan.compiled.run)  # Triton's launcher class; `run` is a read-only property
+            tritons_call = launcher.__call__
+            monkeypatch.setattr(launcher, "__call__", _refuse)
         if call == 2:
-            monkeypatch.setattr(plan.compiled, "run", tritons_launcher)
+            monkeypatch.setattr(launcher, "__call__", tritons_call)
             chain = knobs.runtime.launch_enter_hook
             seen = []
             if hasattr(chain, "calls"):
@@ -475,7 +481,33 @@ def test_a_tuned_triton_kernel_relaunches_directly(monkeypatch):
     (plan,) = ch05.TUNED.plans._plans.values()
     assert plan.direct is not None, f"Triton {triton.__version__}'s launcher is not the one direct_launch knows"
     _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
-    monkeypatch.setattr(plan.compiled, "run", _refuse)
+    monkeypatch.setattr(type(plan.compiled.run), "__call__", _refuse)
     again = ch05.flash_attn_v2_tuned(q, k, v, True)
     assert_close(again, reference_attention(q, k, v, True), torch.float16, seed=seed)
     torch.testing.assert_close(again, first, rtol=0, atol=0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32], ids=str)
+def test_the_front_door_relaunches_the_tuned_triton_kernel_under_its_own_key(monkeypatch, dtype):
+    # At d = 80 the front door runs chapter 5's tuned kernel; from the third call on (the first is the
+    # autotuner's, which remembers nothing) it relaunches that kernel's launch without calling chapter 5.
+    # float32 follows torch's matmul precision, which the front door's key does not see: never relaunched.
+    from tutorial_kernels import attention
+
+    _full_launch_only(monkeypatch, ch05.TUNED)
+    monkeypatch.setattr(attention, "_DECISIONS", {})
+    for call in range(4):
+        x = random_qkv(1, 4, 300, 333, 80, dtype, "cuda", layout="bnhd")
+        out = poisoned((1, 300, 4, 80), dtype, "cuda").transpose(1, 2)
+        if call == 3 and dtype != torch.float32:
+            (kernel, _, _, plan), = attention._DECISIONS.values()
+            assert kernel == "triton-tuned" and plan in ch05.TUNED.plans
+            _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
+            monkeypatch.setattr(ch05, "_launch_tuned", _refuse)  # flash_attn_v2_tuned is not called
+        with torch.no_grad():
+            assert attention.flash_attention(x.q, x.k, x.v, True, out=out) is out
+        assert_close(out, reference_attention(x.q, x.k, x.v, True), dtype, seed=x.seed)
+    if dtype == torch.float32:
+        (kernel, _, _, plan), = attention._DECISIONS.values()
+        assert plan is None
