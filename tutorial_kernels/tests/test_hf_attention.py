@@ -11,6 +11,7 @@ import statistics
 import pytest
 import torch
 
+from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.testing import ON_GPU, assert_close, fresh_seed, grad_tolerance
 
@@ -183,6 +184,23 @@ def test_a_mask_that_hides_nothing_more_than_causal_is_accepted():
         out, weights = tutorial_flash_attention(_Layer(), q, k, v, mask)
         assert weights is None and out.shape == (1, 5, 4, 16) and out.is_contiguous()
         assert torch.equal(out, plain)
+
+
+@pytest.mark.parametrize("n_q", [1, 7])
+def test_the_output_is_contiguous_in_transformers_layout_whatever_the_querys(n_q):
+    # (B, n_q, H, d) contiguous, the layout o_proj reads, from a query in the projections' layout (a
+    # transposed view) and from a contiguous (B, H, n_q, d) one; the same numbers from both.
+    q, k, v = _qkv(n_q, 9, 3)
+    as_projected = q.transpose(1, 2).contiguous().transpose(1, 2)
+    outputs = []
+    for query in (q, as_projected):
+        out, _ = tutorial_flash_attention(_Layer(), query, k, v, None)
+        assert out.shape == (1, n_q, 4, 16) and out.is_contiguous()
+        outputs.append(out)
+    assert torch.equal(outputs[0], outputs[1])
+    group = q.shape[1] // k.shape[1]
+    ref = reference_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
+    assert_close(outputs[0].transpose(1, 2), ref, torch.float32, seed=3)
 
 
 def test_a_mask_that_hides_more_is_refused():
@@ -376,9 +394,11 @@ def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     from tutorial_kernels.ch07_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
 
     calls = []  # Hopper launches: the first layer's through flash_attn_hopper, the others' remembered
-    hopper, relaunch = adapter.flash_attn_hopper, adapter.relaunch_remembered
+    hopper, (remembered_key, relaunch) = adapter.flash_attn_hopper, adapter._RELAUNCHES["hopper"]
     monkeypatch.setattr(adapter, "flash_attn_hopper", lambda *a, **kw: calls.append(1) or hopper(*a, **kw))
-    monkeypatch.setattr(adapter, "relaunch_remembered", lambda *a: relaunch(*a) and (calls.append(1) or True))
+    monkeypatch.setitem(adapter._RELAUNCHES, "hopper",
+                        (remembered_key, lambda *a: relaunch(*a) and (calls.append(1) or True)))
+    monkeypatch.setattr(adapter, "_DECISIONS", {})  # decisions made earlier keep the relaunch they were made with
     seed = fresh_seed()
     config = tiny_llama(hidden_size=512, num_attention_heads=4, num_key_value_heads=2, head_dim=128,
                         max_position_embeddings=4096)
