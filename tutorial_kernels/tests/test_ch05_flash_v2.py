@@ -73,7 +73,9 @@ def test_tuned_launcher_reuses_the_autotuners_choice(with_lse):
     first = launch(x.q, x.k, x.v, True, **kwargs)
     new_keys = set(TUNED.choices) - before
     assert len(new_keys) <= 1  # a key tuned by an earlier test is reused, not tuned again
-    key = next(k for k in TUNED.choices if k[:3] == (64, 48, True) and k[-1] == with_lse)
+    # this call's tuning key (length bucket, d, causal, …, dtype, lse): another test in this process may
+    # have tuned the same bucket for another dtype, whose choice may differ
+    key = next(k for k in TUNED.choices if k[:3] == (64, 48, True) and k[-2:] == (torch.float16, with_lse))
     assert TUNED.choices[key] in TUNED.autotuner.cache.values()  # the autotuner's own object
     reported = tuned_choice(x.q, x.k, x.v, causal=True)  # what reports print: the same choice
     assert reported is not None and reported["BLOCK_M"] == TUNED.choices[key].kwargs["BLOCK_M"]
