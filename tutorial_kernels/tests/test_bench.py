@@ -132,6 +132,7 @@ def test_the_front_door_ratios_flag_the_cells_below_its_bars():
 def test_a_figures_command_reads_as_a_reader_reruns_it():
     # a run on the lent machine writes into its output folder; the command a caption shows writes the
     # committed file (the default, under data/), and a repository path after --out stays as it was
+    pytest.importorskip("plotly")  # the figures package draws with plotly
     from tutorial_kernels.figures.runs import current_command
 
     assert current_command("python -m tutorial_kernels.bench ch07-head-dims --out /root/out/data/x.json") == (
