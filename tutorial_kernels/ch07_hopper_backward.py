@@ -35,10 +35,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton._C.libtriton import ir
-from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
-    fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait)
+    fence_async_shared, mbarrier, warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.ch06_backward import attention_delta
@@ -179,7 +177,6 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
     # take (measured): the dQ writer warp issues them while the warpgroups go on to the next tile
     mbarrier.wait(dq_empty.index(buf), ((step // 2) + 1) & 1, pred=step >= 2)  # written out 2 steps ago
     dq_smem.index(2 * buf + WG).store(dq)
-    fence_async_shared()  # the store, visible to the copy engine's reads (the async proxy)
     mbarrier.arrive(dq_full.index(buf), count=1)
     return dk, dv
 # --8<-- [end:step]
@@ -235,35 +232,41 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
 
 
 # --8<-- [start:dq_writer]
-@builtin
-def _tma_add(tensor_desc, coord, src, _semantic=None):
-    """global[tile at coord] += src, a shared-memory tile, by the copy engine (TMA's reduce-add,
-    `cp.reduce.async.bulk.tensor … .add`), asynchronously: `tma.store_wait` says when src may be reused.
-    Triton 3.9's `tma.async_atomic_add`; Triton 3.6 has the operation but not its Python."""
-    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
-    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+@gluon.jit
+def _red_add_f32x4(addresses, values):
+    """*address += value for groups of 4 consecutive float32 (16-byte aligned), one vector reduction
+    each (`red.global.add.v4.f32`, Hopper): Triton 3.6's atomic_add issues one scalar atom per float."""
+    return gl.inline_asm_elementwise(
+        "red.global.add.v4.f32 [$4], {$8, $9, $10, $11}; mov.u32 $0, 0; mov.u32 $1, 0; mov.u32 $2, 0; mov.u32 $3, 0;",
+        "=r,=r,=r,=r,l,l,l,l,r,r,r,r", [addresses.to(gl.int64, bitcast=True), values], dtype=gl.int32,
+        is_pure=False, pack=4)
 
 
 @gluon.jit
-def _dq_writer(k_smem, dq_desc, dq_smem, dq_full, dq_empty, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
-    """One warp: each step's 64 × head_dim tile of dS K, which the consumers leave in shared memory
-    (one 64-column half each), added into the float32 dQ accumulator by the copy engine, two tiles
-    per step; the buffer goes back to the consumers once the copy engine has read it."""
+def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+    """One warp: each step's 64 × head_dim tile of dS K, which the consumers leave in shared memory,
+    added into the float32 dQ accumulator (its rows padded to whole tiles: no mask), a few rows at a
+    time; then the buffer goes back to the consumers."""
     block_n: gl.constexpr = k_smem.shape[2]
     block_m: gl.constexpr = dq_smem.shape[1]
     cols_per_wg: gl.constexpr = dq_smem.shape[2]
+    chunk: gl.constexpr = 4  # rows per load (the swizzle repeats every 4): 4 × 64 floats, 8 per lane
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])  # 4 consecutive floats per lane
     batch, kv_head, first_key, m_lo, m_full, n_m = _key_tile(n_heads, group_size, n_q, n_k, CAUSAL, block_m,
                                                              block_n)
+    offsets = (gl.arange(0, chunk, gl.SliceLayout(1, layout))[:, None] * (2 * cols_per_wg)
+               + gl.arange(0, cols_per_wg, gl.SliceLayout(0, layout))[None, :])
     step = 0
     for h in range(group_size):
-        bh = batch * n_heads + kv_head * group_size + h
+        bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
         for m in range(m_lo, n_m):
             buf = step % 2
             mbarrier.wait(dq_full.index(buf), (step // 2) & 1)
-            row = (bh * n_m + m) * block_m  # query rows m·64 … of head bh, in the padded accumulator
+            tile = dq_acc_ptr + (bh * n_m + m) * (block_m * 2 * cols_per_wg)  # query rows m·64 … of head bh
             for w in gl.static_range(2):
-                _tma_add(dq_desc, [row, w * cols_per_wg], dq_smem.index(2 * buf + w))
-            tma.store_wait(0)  # both read out of shared memory
+                for r in gl.static_range(0, block_m, chunk):
+                    part = dq_smem.index(2 * buf + w).slice(r, chunk, dim=0).load(layout)
+                    _red_add_f32x4(tile + (r * 2 * cols_per_wg + w * cols_per_wg) + offsets, part)
             mbarrier.arrive(dq_empty.index(buf), count=1)
             step += 1
 # --8<-- [end:dq_writer]
@@ -303,18 +306,18 @@ def _loader_full(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_sme
 
 
 @gluon.jit
-def _dq_writer_causal(k_smem, dq_desc, dq_smem, dq_full, dq_empty, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_desc, dq_smem, dq_full, dq_empty, n_heads, group_size, n_q, n_k, True)
+def _dq_writer_causal(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, True)
 
 
 @gluon.jit
-def _dq_writer_full(k_smem, dq_desc, dq_smem, dq_full, dq_empty, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_desc, dq_smem, dq_full, dq_empty, n_heads, group_size, n_q, n_k, False)
+def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, False)
 
 
 # --8<-- [start:kernel]
 @gluon.jit
-def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_desc, dk_ptr, dv_ptr,
+def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_acc_ptr, dk_ptr, dv_ptr,
                       n_heads, group_size, n_q, n_k, qk_scale, sm_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
@@ -333,8 +336,9 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_de
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_m, head_dim], do_desc.layout)
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * half, block_m], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * half, block_m], ds_layout)  # dSᵀ, double-buffered
-    # dS K, double-buffered, as two 64-column halves (one per consumer), in the copy engine's layout
-    dq_smem = gl.allocate_shared_memory(gl.float32, [4, block_m, head_dim // 2], dq_desc.layout)  # [2·buffer + half]
+    # dS K, double-buffered, as two 64-column halves (one per consumer); rows of 64 floats swizzled
+    dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
+    dq_smem = gl.allocate_shared_memory(gl.float32, [4, block_m, head_dim // 2], dq_layout)  # [2 · buffer + half]
     kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -358,7 +362,7 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_de
                      qk_scale, sm_scale)
     loader_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
                    n_heads, group_size, n_q, n_k)
-    writer_args = (k_smem, dq_desc, dq_smem, dq_full, dq_empty, n_heads, group_size, n_q, n_k)
+    writer_args = (k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k)
     # the default partition (4 warps) is consumer 0; the workers are consumer 1, the loader and the writer
     if CAUSAL:
         gl.warp_specialize([(_consumer, consumer_args + (0, CAUSAL)), (_consumer_1_causal, consumer_args),
@@ -399,12 +403,6 @@ def _tile_layouts(dtype: torch.dtype):
     return tuple(gl.NVMMASharedLayout.get_default_for([1, 1, rows, HEAD_DIM], element) for rows in (BLOCK_M, BLOCK_N))
 
 
-@functools.lru_cache(maxsize=None)
-def _dq_layout():
-    """The shared-memory layout of a 64-row half of dS K (float32) as the copy engine reads it."""
-    return gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM // 2], gl.float32)
-
-
 # --8<-- [start:launcher]
 def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None):
     """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp (B, H, n_q).
@@ -436,10 +434,9 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     # dQ's float32 accumulator, its rows padded to whole query tiles so that the writer needs no mask
     dq_acc = torch.zeros((batch, heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M, head_dim), dtype=torch.float32,
                          device=q.device)
-    dq_desc = TensorDescriptor.from_tensor(dq_acc.view(-1, head_dim), [BLOCK_M, HEAD_DIM // 2], _dq_layout())
     grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)
     _flash_hopper_bwd[grid](
-        *descs, lse, delta, dq_desc, dk, dv, heads, shape.group_size, n_q, shape.n_k,
+        *descs, lse, delta, dq_acc, dk, dv, heads, shape.group_size, n_q, shape.n_k,
         shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bool(causal), STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, WRITER_REGS=WRITER_REGS, num_warps=4,
     )

@@ -34,13 +34,6 @@ def _descriptor(rows: int, head_dim: int) -> str:
     return f"tensordesc<fp16[1,1,{rows},{head_dim}],{layout!r}>"
 
 
-def _dq_descriptor() -> str:
-    """The backward's float32 dQ accumulator as the copy engine adds into it."""
-    block = [ch07_hopper_backward.BLOCK_M, ch07_hopper_backward.HEAD_DIM // 2]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float32)
-    return f"tensordesc<fp32[{block[0]},{block[1]}],{layout!r}>"
-
-
 def _signature(kernel, types: dict[str, str], constants: dict[str, object]) -> tuple[dict, dict]:
     """Triton's (signature, constexprs) for `kernel`, every parameter named in `types` or `constants`."""
     names = kernel.arg_names
@@ -55,7 +48,7 @@ def variants() -> dict[str, tuple]:
     backward_types = {"q_desc": _descriptor(ch07_hopper_backward.BLOCK_M, d_bwd), "do_desc": _descriptor(
         ch07_hopper_backward.BLOCK_M, d_bwd), "k_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd),
         "v_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
-        "dq_desc": _dq_descriptor(), "dk_ptr": "*fp16", "dv_ptr": "*fp16", "qk_scale": "fp32", "sm_scale": "fp32"}
+        "dq_acc_ptr": "*fp32", "dk_ptr": "*fp16", "dv_ptr": "*fp16", "qk_scale": "fp32", "sm_scale": "fp32"}
     found = {}
     fwd, bwd = ch07_hopper._flash_hopper_fwd, ch07_hopper_backward._flash_hopper_bwd  # noqa: SLF001
     for causal in (False, True):
