@@ -188,7 +188,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if plan is not None and relaunch(plan, q, k, v, out):
         return out  # the kernel's launch, remembered under its own key, which this call's key implies
     _launch(kernel, q, k, v, out, causal, scale)  # the operator's body, without its dispatch
-    if kernel in _RELAUNCHES and key is not None:  # equal front-door keys mean equal kernel keys: compute it once
+    # Equal front-door keys mean equal kernel keys (a kernel key that depends on anything else, such as
+    # float32's matmul precision, is None): compute it once
+    if kernel in _RELAUNCHES and key is not None:
         remembered_key, relaunch = _RELAUNCHES[kernel]
         _DECISIONS[key] = (kernel, scale, relaunch, remembered_key(q, k, v, out, causal, scale))
     return out

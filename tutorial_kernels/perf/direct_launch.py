@@ -29,8 +29,11 @@ import torch
 
 # The arguments Triton 3.6's C launcher takes before the kernel's own: grid x, y, z, stream, function,
 # cooperative launch, programmatic dependent launch, global scratch, profile scratch, packed metadata,
-# launch metadata, enter hook, exit hook (`_BASE_ARGS_FORMAT` "iiiKKppOOOOOO" in its nvidia driver).
-_BASE_ARGUMENTS = 13
+# launch metadata, enter hook, exit hook, as its nvidia driver's `_BASE_ARGS_FORMAT` spells them. A
+# Triton whose driver spells them otherwise (3.9 packs the kernel's arguments into one tuple) is not
+# the layout known here.
+_BASE_ARGS_FORMAT = "iiiKKppOOOOOO"
+_BASE_ARGUMENTS = len(_BASE_ARGS_FORMAT)
 MAX_ENCODED = 256  # TMA descriptors kept per launch, by address (128 bytes each)
 
 
@@ -76,12 +79,15 @@ def _closure(fn: object) -> dict[str, Any]:
     return dict(zip(code.co_freevars, (cell.cell_contents for cell in cells)))
 
 
-def _tma_encoder() -> tuple[Callable, dict] | None:
-    """Triton 3.6's C encoder of a tiled TMA descriptor and its table from the compiler's element-type
-    codes to the driver's; None where this Triton has neither."""
+def _known_launcher() -> tuple[Callable, dict] | None:
+    """Where Triton's nvidia driver is the one this module knows (its C launcher's leading arguments as
+    `_BASE_ARGS_FORMAT` says): its C encoder of a tiled TMA descriptor and its table from the
+    compiler's element-type codes to the driver's. None for any other Triton."""
     try:
         from triton.backends.nvidia import driver as nvidia
         from triton.runtime.driver import driver
+        if getattr(nvidia, "_BASE_ARGS_FORMAT", None) != _BASE_ARGS_FORMAT:
+            return None
         return driver.active.utils.fill_tma_descriptor, nvidia.TMA_DTYPE_DEVICE_TO_HOST
     except (ImportError, AttributeError, RuntimeError):
         return None
@@ -96,6 +102,8 @@ def direct_launch(compiled: Any, grid: tuple[int, int, int], arguments: list, re
     if type(run).__name__ != "CudaLauncher" or getattr(run, "global_scratch_size", None) != 0 \
             or getattr(run, "profile_scratch_size", None) != 0:
         return None  # scratch memory comes from a Python allocator at every launch: keep Triton's path
+    if any(isinstance(a, (tuple, list)) for a in arguments):
+        return None  # tensors inside a tuple argument would not be replaced
     descriptors = [i for i, a in enumerate(arguments) if is_descriptor(a)]
     wrapper = getattr(run, "launch", None)
     if not descriptors:
@@ -106,10 +114,10 @@ def direct_launch(compiled: Any, grid: tuple[int, int, int], arguments: list, re
         if sorted(cells.get("tensordesc_indices", ())) != descriptors or metas is None \
                 or len(metas) != len(descriptors) or any(m is None or m.get("fp4_padded") for m in metas):
             return None
-    encoder = _tma_encoder() if descriptors else (None, {})
-    if encoder is None or not callable(c_launch) or isinstance(c_launch, FunctionType):
-        return None  # no encoder, or Python where the C launcher should be: not the layout known here
-    encode, dtype_codes = encoder
+    known = _known_launcher()
+    if known is None or not callable(c_launch) or isinstance(c_launch, FunctionType):
+        return None  # another Triton, or Python where the C launcher should be: not the layout known here
+    encode, dtype_codes = known
     expanded, position_of, encoding_of = [], {}, {}
     meta_of = dict(zip(descriptors, metas))
     for i, argument in enumerate(arguments):
@@ -118,11 +126,11 @@ def direct_launch(compiled: Any, grid: tuple[int, int, int], arguments: list, re
             expanded.append(None if i in replaced else argument)
             continue
         meta = meta_of[i]
-        shape, strides = list(argument.shape), list(argument.strides)
-        if strides[-1] != 1 or getattr(argument, "padding", "zero") not in ("zero", "nan"):
+        shape, strides, padding = list(argument.shape), list(argument.strides), getattr(argument, "padding", None)
+        if strides[-1] != 1 or padding not in ("zero", "nan"):
             return None
         encoding_of[i] = (meta["swizzle"], meta["elem_size"], dtype_codes[meta["elem_type"]], meta["block_size"],
-                          shape, strides, int(argument.padding == "nan"))
+                          shape, strides, int(padding == "nan"))
         expanded.extend([None, *shape, *strides])  # as Triton's make_tensordesc_arg expands it
     head = (*grid, None, compiled.function, run.launch_cooperative_grid, run.launch_pdl, None, None,
             compiled.packed_metadata, None, None, None)

@@ -143,9 +143,14 @@ class LaunchPlans:
             else:
                 return  # cannot happen for a call that just compiled; remember nothing rather than guess
         grid = tuple(grid) + (1,) * (3 - len(grid))
+        if any(isinstance(a, (tuple, list)) and any(map(_replaceable, a)) for a in arguments):
+            return  # a tensor inside a tuple argument: a relaunch would not replace it
         replaced = tuple(i for i, a in enumerate(arguments) if _replaceable(a))
         templates = tuple(_template(arguments[i]) if _is_descriptor(arguments[i]) else None for i in replaced)
-        direct = direct_launch(compiled, grid, arguments, replaced, _is_descriptor)
+        try:
+            direct = direct_launch(compiled, grid, arguments, replaced, _is_descriptor)
+        except Exception:  # noqa: BLE001 (a faster relaunch is optional: Triton's launcher serves instead)
+            direct = None  # e.g. descriptor metadata this module does not know; the call itself has run
         for i in replaced:
             arguments[i] = None  # each relaunch brings its own; keeping these would keep their memory
         self._plans[key] = _Plan(compiled, grid, driver.active.get_current_device(), tuple(arguments), replaced,

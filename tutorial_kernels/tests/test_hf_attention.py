@@ -186,19 +186,26 @@ def test_a_mask_that_hides_nothing_more_than_causal_is_accepted():
         assert torch.equal(out, plain)
 
 
-@pytest.mark.parametrize("n_q", [1, 7])
-def test_the_output_is_contiguous_in_transformers_layout_whatever_the_querys(n_q):
+@pytest.mark.parametrize("batch,heads,kv_heads,n_q", [(1, 4, 2, 7), (2, 4, 2, 1), (2, 1, 1, 5)],
+                         ids=lambda x: str(x))
+def test_the_output_is_contiguous_in_transformers_layout_whatever_the_querys(monkeypatch, batch, heads, kv_heads, n_q):
     # (B, n_q, H, d) contiguous, the layout o_proj reads, from a query in the projections' layout (a
-    # transposed view) and from a contiguous (B, H, n_q, d) one; the same numbers from both.
-    q, k, v = _qkv(n_q, 9, 3)
-    as_projected = q.transpose(1, 2).contiguous().transpose(1, 2)
+    # transposed view: its buffer is made like the query) and from a contiguous (B, H, n_q, d) one.
+    g = torch.Generator().manual_seed(3)
+    as_projected = torch.randn(batch, n_q, heads, 16, generator=g).to(DEVICE).transpose(1, 2)
+    q = as_projected.contiguous()
+    k, v = (torch.randn(batch, kv_heads, 9, 16, generator=g).to(DEVICE) for _ in range(2))
+    made_like = []
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, *a, **kw: made_like.append(t) or empty_like(t, *a, **kw))
     outputs = []
     for query in (q, as_projected):
         out, _ = tutorial_flash_attention(_Layer(), query, k, v, None)
-        assert out.shape == (1, n_q, 4, 16) and out.is_contiguous()
+        assert out.shape == (batch, n_q, heads, 16) and out.is_contiguous()
         outputs.append(out)
+    assert any(t is as_projected for t in made_like), "the buffer is made like a query in the projections' layout"
     assert torch.equal(outputs[0], outputs[1])
-    group = q.shape[1] // k.shape[1]
+    group = heads // kv_heads
     ref = reference_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
     assert_close(outputs[0].transpose(1, 2), ref, torch.float32, seed=3)
 

@@ -368,7 +368,7 @@ def test_a_direct_launch_gives_the_c_launcher_the_arguments_triton_would(monkeyp
     def encode(address, *encoding):
         encoded.append((address, encoding))
         return ("map", address)
-    monkeypatch.setattr(dl, "_tma_encoder", lambda: (encode, {5: 6}))
+    monkeypatch.setattr(dl, "_known_launcher", lambda: (encode, {5: 6}))  # as Triton 3.6's driver gives them
     calls = []
 
     class CLaunch:  # stands in for the compiled module's launch: a callable that is no Python function
@@ -395,10 +395,17 @@ def test_a_direct_launch_gives_the_c_launcher_the_arguments_triton_would(monkeyp
     assert encoded[-1][0] == x2.data_ptr() and calls[-1][13] == ("map", x2.data_ptr())
     with pytest.raises(ValueError):  # one tensor too few: never a launch with a stale argument
         direct(99, (x,))
+    monkeypatch.setattr(dl, "MAX_ENCODED", 2)  # beyond it the remembered maps are dropped, then re-encoded
+    direct(99, (torch.randn(128, 64), out))
+    assert len(direct.encoded) == 1 and len(encoded) == 3
+    nan_padded = SimpleNamespace(base=torch.empty(0), shape=[128, 64], strides=[64, 1], padding="nan")
+    padded = dl.direct_launch(compiled, (4, 2, 1), [nan_padded, *arguments[1:]], (0, 2), lambda a: a is nan_padded)
+    assert padded.encodings[0][-1] == 1  # out-of-bounds elements read as NaN: the encoding's last flag
     # launchers laid out otherwise: Triton's path is kept
     for run in (_stand_in_launcher(c_launch, [meta], [0], scratch=128),  # scratch from Python's allocator
                 _stand_in_launcher(c_launch, [meta], [1]),  # descriptors somewhere else
                 _stand_in_launcher(c_launch, [None], [0]),  # descriptors without metadata
+                _stand_in_launcher(c_launch, [{**meta, "fp4_padded": True}], [0]),  # a descriptor kind not known
                 _stand_in_launcher(lambda *a: None, [meta], [0]),  # Python where the C launcher goes
                 SimpleNamespace(launch=c_launch, global_scratch_size=0, profile_scratch_size=0)):  # another class
         other = SimpleNamespace(run=run, function=11, packed_metadata="meta")
@@ -407,8 +414,25 @@ def test_a_direct_launch_gives_the_c_launcher_the_arguments_triton_would(monkeyp
     assert dl.direct_launch(plain, (4, 1, 1), [torch.empty(3), 7], (0,), lambda a: False) is not None
     wrapped = SimpleNamespace(run=_stand_in_launcher(lambda *a: None), function=11, packed_metadata="meta")
     assert dl.direct_launch(wrapped, (4, 1, 1), [torch.empty(3), 7], (0,), lambda a: False) is None
-    monkeypatch.setattr(dl, "_tma_encoder", lambda: None)  # a Triton without the encoder
+    tupled = [desc, (torch.empty(3), 1), torch.empty(3), 0.5, 16]  # a tensor inside a tuple: not replaced
+    assert dl.direct_launch(compiled, (4, 2, 1), tupled, (0, 2), lambda a: a is desc) is None
+    monkeypatch.setattr(dl, "_known_launcher", lambda: None)  # another Triton: with descriptors or without
     assert dl.direct_launch(compiled, (4, 2, 1), arguments, (0, 2), lambda a: a is desc) is None
+    assert dl.direct_launch(plain, (4, 1, 1), [torch.empty(3), 7], (0,), lambda a: False) is None
+
+
+def test_the_direct_launch_knows_only_its_tritons_launcher():
+    # This machine's Triton: on 3.6 (the GPU machine's) the driver's leading C-launcher arguments are
+    # the ones direct_launch.py passes; any other version's driver must be refused, not guessed at.
+    import triton.backends.nvidia.driver as nvidia
+
+    from tutorial_kernels.perf import direct_launch as dl
+
+    known = getattr(nvidia, "_BASE_ARGS_FORMAT", None) == dl._BASE_ARGS_FORMAT
+    if triton.__version__.startswith("3.6"):
+        assert known, getattr(nvidia, "_BASE_ARGS_FORMAT", None)
+    if not known:
+        assert dl._known_launcher() is None
 
 
 def test_launch_hooks_that_call_nothing_allow_a_direct_launch():
