@@ -138,6 +138,16 @@ def _full_launch_only(monkeypatch, owner, name="plans"):
     monkeypatch.setattr(owner, name, LaunchPlans(getattr(owner, name).kernel))
 
 
+def _choose_config(monkeypatch, *, descriptors: bool) -> None:
+    """For the causal float16 calls at 100 keys and d = 64 of these tests, have chapter 5's tuned launcher
+    take a configuration that loads K and V through descriptors (or pointers), as if the autotuner chose it."""
+    block_d, _ = ch05._head_dim_blocks(64)
+    tuning_key = (triton.next_power_of_2(100), 64, True, block_d, ch05.EITHER, torch.float16, False)
+    config = next(c for c in ch05.TUNED.configs if c.kwargs["USE_DESCRIPTORS"] == descriptors
+                  and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64)
+    monkeypatch.setitem(ch05.TUNED.choices, tuning_key, config)
+
+
 def _forbid_triton_dispatch(monkeypatch, kernel):
     def refuse(*args, **kwargs):
         raise AssertionError("the remembered launch went through Triton's dispatch")
@@ -202,11 +212,7 @@ def test_a_remembered_launch_with_descriptors_runs_in_another_thread(monkeypatch
 
     _full_launch_only(monkeypatch, ch05.TUNED)
     q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
-    block_d, _ = ch05._head_dim_blocks(64)
-    tuning_key = (triton.next_power_of_2(100), 64, True, block_d, ch05.EITHER, torch.float16, False)
-    with_descriptors = next(c for c in ch05.TUNED.configs if c.kwargs["USE_DESCRIPTORS"]
-                            and c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64)
-    monkeypatch.setitem(ch05.TUNED.choices, tuning_key, with_descriptors)  # as if the autotuner chose it
+    _choose_config(monkeypatch, descriptors=True)
     ch05.flash_attn_v2_tuned(q, k, v, True)  # remembered, in this thread
     _forbid_triton_dispatch(monkeypatch, ch05.TUNED.kernel)
     result = {}
@@ -497,10 +503,7 @@ def test_a_tuned_triton_kernel_relaunches_directly(monkeypatch):
     # goes to the C launcher too, and computes what the full launch computes.
     _full_launch_only(monkeypatch, ch05.TUNED)
     q, k, v, seed = _inputs(1, 2, 100, 64, torch.float16)
-    block_d, _ = ch05._head_dim_blocks(64)
-    tuning_key = (triton.next_power_of_2(100), 64, True, block_d, ch05.EITHER, torch.float16, False)
-    pointers = next(c for c in ch05.TUNED.configs if not c.kwargs["USE_DESCRIPTORS"])
-    monkeypatch.setitem(ch05.TUNED.choices, tuning_key, pointers)  # as if the autotuner chose it
+    _choose_config(monkeypatch, descriptors=False)
     first = ch05.flash_attn_v2_tuned(q, k, v, True)
     (plan,) = ch05.TUNED.plans._plans.values()
     assert plan.direct is not None, f"Triton {triton.__version__}'s launcher is not the one direct_launch knows"
