@@ -1,7 +1,8 @@
 """The LLM prefill page's figures (docs/llm-prefill.md), from data/prefill.json (written by
 `python -m tutorial_kernels.integrations.prefill`), data/launch_overhead.json and
 data/prefill_attention_in_model.json: speedup over eager, latency against prompt length, ours against
-sdpa with its interval, one attention call's cost, and one layer's attention inside the model.
+sdpa with its interval, one attention call's cost and the layers a launch runs on the CPU, and one layer's
+attention inside the model.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from tutorial_kernels.figures.concepts import (INK, NOTE, SHARED_GREY, SIDE_MARGIN, Diagram, fixed_axes, legend_entry,
+                                               narrow_diagram)
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.style import (
@@ -16,6 +19,7 @@ from tutorial_kernels.figures.style import (
     LABEL_WIDTH,
     LENGTH_COLOURS,
     add_notes,
+    concept_layout,
     log_ticks,
     measured_layout,
     measured_table,
@@ -214,3 +218,66 @@ def prefill_attention_in_model(data: dict | None = None) -> Table:
               "forward / sdpa"]
     return measured_table(header, cells, data, "Mistral-7B prefill: one layer's attention alone and inside the "
                           "forward pass", align=["right", "left", "right", "right", "right", "right"])
+
+
+
+LAUNCH_STAGES = [
+    ("dispatch<br>(Python)", "#fde0dd", "Triton's dispatch, kernel[grid](…): it binds some thirty arguments, derives "
+     "what the compiled kernel is specialised on (dtypes, 16-byte alignment, integers equal to 1 or divisible "
+     "by 16), hashes that into a key and looks the kernel up."),
+    ("launcher<br>(Python)", "#fde0dd", "The compiled kernel's launcher, its Python layer: scratch memory sized, "
+     "launch metadata built for the hooks, and for each TMA descriptor its metadata read and its encoding "
+     "asked for."),
+    ("encode<br>descriptors", "#e8f1fa", "cuTensorMapEncodeTiled, in C: a 128-byte TMA descriptor per tensor read "
+     "by the copy engine, for its address, shape, strides and tile."),
+    ("C<br>launcher", "#e8f1fa", "Triton's launcher written in C: it parses the argument list and hands the launch "
+     "to the driver (cuLaunchKernelEx)."),
+]
+LAUNCH_PATHS = [  # (label, about, per stage: None (skipped) or what the path does there)
+    ("first call", "The first call with a signature (shapes, strides, dtypes, alignment, flags): every check, and "
+     "Triton's whole dispatch. launch_plan.LaunchPlans remembers the compiled kernel, grid and arguments.",
+     ["runs", "runs", "3 per call", "runs"]),
+    ("remembered,<br>Triton's<br>launcher", "A later call with the same signature, while a profiler's launch hook is "
+     "set or on a Triton whose launcher this package does not know: LaunchPlans.relaunch puts the new tensors "
+     "into the remembered arguments and calls the compiled kernel's launcher.", [None, "runs", "3 per call", "runs"]),
+    ("remembered,<br>direct", "A later call with the same signature otherwise: DirectLaunch keeps the C launcher's "
+     "argument list ready and encodes a descriptor only for an address it has not seen.",
+     [None, None, "once per<br>address", "runs"]),
+]
+
+
+@figure("prefill-launch-path")
+def launch_path() -> go.Figure:
+    """The layers a kernel launch runs on the CPU (Triton's dispatch, its launcher's Python, the TMA
+    descriptors' encoding, the C launcher), and which of them a first call, a remembered relaunch and
+    a direct relaunch run."""
+    fig = go.Figure()
+    dia = Diagram(fig)
+    left, width, gap = 24, 17.5, 1.5
+    rows = [(64, 84), (36, 56), (8, 28)]
+    for s, (label, fill, about) in enumerate(LAUNCH_STAGES):
+        x0 = left + s * (width + gap)
+        fig.add_annotation(x=x0 + width / 2, y=93, text=f"<b>{label}</b>", showarrow=False,
+                           font=dict(size=NOTE, color=INK))
+        for (y0, y1), (path, _, does) in zip(rows, LAUNCH_PATHS):
+            done = does[s]
+            name = path.replace("<br>", " ")
+            if done is None:
+                dia.box(x0, y0, x0 + width, y1, "—", f"{name}: skips this. {about}", fill="white", line=SHARED_GREY)
+            else:
+                dia.box(x0, y0, x0 + width, y1, done, f"{name}: {done.replace('<br>', ' ')}. {about}", fill=fill)
+    for (y0, y1), (path, about, _) in zip(rows, LAUNCH_PATHS):
+        dia.box(0, y0, left - gap, y1, path, about, fill="white", line="white")
+    fig.add_trace(legend_entry("Python", "#fde0dd"))
+    fig.add_trace(legend_entry("C", "#e8f1fa"))
+    add_notes(fig, "For chapter 7's Hopper kernel, which reads Q, K and V through TMA descriptors; chapter 5's "
+                   "kernel with pointer loads has no descriptor to encode.")
+    fixed_axes(fig, (0, 100), (0, 100))
+    narrow_diagram(fig, **{"+height": 80})
+    dia.finish()
+    return concept_layout(fig, "What a launch runs on the CPU", (
+        "A grid: three ways to launch (a first call, a remembered relaunch through Triton's launcher, a direct "
+        "relaunch) against four layers (Triton's dispatch in Python, its launcher's Python layer, the encoding "
+        "of TMA descriptors in C, the C launcher). The first call runs all four; the remembered relaunch skips "
+        "the dispatch; the direct relaunch also skips the Python layer and encodes a descriptor once per address."),
+        height=380, margin=SIDE_MARGIN)
