@@ -10,11 +10,12 @@ an exception. Needs a CUDA GPU.
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import triton.testing
 
+from tutorial_kernels.turns import take_turns
 from tutorial_kernels.validation import UnsupportedShape
 
 if TYPE_CHECKING:
@@ -26,13 +27,6 @@ if TYPE_CHECKING:
 # autotuning) ran at higher clocks than one measured straight after seconds of load
 # (BENCHMARKS.md, data/ch05_autotuner_diagnosis.json).
 ROUNDS = 3
-
-
-def take_turns(items: list, rounds: int = ROUNDS) -> Iterator:
-    """`items` `rounds` times over, each round starting with the next item: a, b, c, b, c, a, c, a, b."""
-    for r in range(rounds if items else 0):
-        turn = r % len(items)
-        yield from items[turn:] + items[:turn]
 
 
 def refusal_reason(err: Exception) -> str | None:

@@ -30,6 +30,7 @@ import torch
 
 from tutorial_kernels.paths import data_dir
 from tutorial_kernels.provenance import provenance
+from tutorial_kernels.turns import take_turns
 
 CPU_LENGTHS = (16, 2048)
 GPU_LENGTHS = (2048, 4096, 16384)
@@ -65,11 +66,6 @@ def capture_attention_inputs(model_key: str, n: int) -> dict:
         model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False)
     assert captured["mask"] is None, "a causal prompt without padding needs no mask"
     return captured
-
-
-def rotated(labels: list[str], rounds: int) -> list[str]:
-    """The labels `rounds` times, each round starting one further on: none always measured first."""
-    return [labels[(turn + i) % len(labels)] for turn in range(rounds) for i in range(len(labels))]
 
 
 def issue_us(call, calls: int = CALLS) -> float:
@@ -121,7 +117,7 @@ def measure(models=MODELS) -> list[dict]:
             cpu = {label: [] for label in calls}
             gpu = {label: [] for label in calls}
             with torch.inference_mode():
-                for label in rotated(list(calls), ROUNDS):
+                for label in take_turns(list(calls), ROUNDS):
                     if n in CPU_LENGTHS:
                         cpu[label].append(issue_us(calls[label]))
                     if n in GPU_LENGTHS:

@@ -2,7 +2,8 @@
 
 Layers, bottom to top (README, "Layout"); a module imports only from its own layer or below:
 
-    leaves        runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling, precision
+    leaves        runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling, precision,
+                  turns
     perf          perf.*: remembered launches, autotuning choices, descriptor scratch
     chapters      ch01 … ch06 and ch07_hopper: kernels and their launchers (a chapter builds on earlier ones)
     api           attention: the front door (flash_attention, scaled_dot_product_attention), which picks a kernel
@@ -24,7 +25,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent
 LAYERS = ["leaves", "perf", "chapters", "api", "uses", "bench", "figures", "top"]
 LEAVES = {"runtime", "paths", "reference", "validation", "inputs", "tolerances", "provenance", "recorder", "tiling",
-          "precision"}
+          "precision", "turns"}
 MAX_LINES = 700  # a chapter module may be longer when its kernel is
 
 
