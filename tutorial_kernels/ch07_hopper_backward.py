@@ -6,9 +6,10 @@ dV = Pᵀ dO, dS = P ∘ (dP − Δ), dK = τ dSᵀ Q, dQ = τ dS K); what chang
 
 * one program per 128-key tile of one (batch, key/value head), K and V loaded once by TMA and kept
   in shared memory; it runs down the query tiles (64 rows) of every query head of its group;
-* warp specialisation: one loader warp brings each query tile's Q and dO by TMA into a ring of
-  shared-memory stages ("full"/"empty" mbarriers, as in the forward); two consumer warpgroups, one
-  per 64-key half of the tile, compute Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with wgmma, Pᵀ and dSᵀ in
+* warp specialisation: one loader warp brings each query tile's Q and dO (and its rows' log-sum-exp
+  and Δ, which the consumers read where they need them) by TMA into a ring of shared-memory stages
+  ("full"/"empty" mbarriers, as in the forward); two consumer warpgroups, one per 64-key half of the
+  tile, compute Sᵀ = K Qᵀ and dPᵀ = V dOᵀ with wgmma, Pᵀ and dSᵀ in
   registers, and accumulate dV += Pᵀ dO and dK += dSᵀ Q with Pᵀ and dSᵀ as register operands;
 * dQ: every key tile adds dS K to the dQ of the query tile, so programs for different key tiles
   add into the same rows. Chapter 6 gave dQ its own kernel (deterministic, but S, P and dP are
@@ -48,8 +49,8 @@ from tutorial_kernels.validation import check_attention_inputs
 HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
 BLOCK_M = 64  # query rows per step: the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ dO
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
-STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32, dSᵀ 2 × 16, dS K (float32) 2 × 32:
-# 224 of the 227 KiB allowed
+STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32 (+ 2 × 0.5 for lse and Δ), dSᵀ 2 × 16,
+# dS K (float32) 2 × 32: 225 of the 227 KiB allowed
 CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 24, 24  # the loader and the writer share a warpgroup
 # --8<-- [end:tile_sizes]
 
@@ -80,11 +81,11 @@ def _key_tile(n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.c
 
 # --8<-- [start:loader]
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
-            n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
+            full_bars, empty_bars, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
     """One warp: the key tile's K and V (each consumer's 64-key half), once; then, for every query
-    head of the group and every query tile that sees the key tile, Q and dO into the next stage of
-    the ring, once both consumers have released what it held."""
+    head of the group and every query tile that sees the key tile, Q, dO, lse and Δ into the next
+    stage of the ring, once both consumers have released what it held."""
     stages: gl.constexpr = q_smem.shape[0]
     block_m: gl.constexpr = q_smem.shape[3]
     block_n: gl.constexpr = k_smem.shape[2]
@@ -100,19 +101,23 @@ def _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv
             stage = step % stages
             mbarrier.wait(empty_bars.index(stage), ((step // stages) + 1) & 1, pred=step >= stages)
             full = full_bars.index(stage)
-            mbarrier.expect(full, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            mbarrier.expect(full, q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                            + 2 * stats_desc.block_type.nbytes)
             tma_load(q_desc, [batch, head, m * block_m, 0], full, q_smem.index(stage))
             tma_load(do_desc, [batch, head, m * block_m, 0], full, do_smem.index(stage))
+            bh = batch * n_heads + head
+            tma_load(stats_desc, [0, bh, m * block_m], full, stats_smem.index(2 * stage))  # lse (log₂ units)
+            tma_load(stats_desc, [1, bh, m * block_m], full, stats_smem.index(2 * stage + 1))  # Δ
             step += 1
 # --8<-- [end:loader]
 
 
 # --8<-- [start:step]
 @gluon.jit
-def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full, ds_empty,
-          dq_full, dq_empty, dk, dv, key0, lse_ptr, delta_ptr, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
+def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full,
+          ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
           MASKED: gl.constexpr, CAUSAL: gl.constexpr):
-    """One query tile m of head bh against this warpgroup's 64 keys: the five products of chapter 6,
+    """One query tile m (of one query head) against this warpgroup's 64 keys: the five products of chapter 6,
     dQ's shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the
     dQ writer through shared memory."""
     dtype: gl.constexpr = k_w.dtype
@@ -127,14 +132,6 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
                                                         instr_shape=[16, head_dim // 2, 16])  # queries × d/2
     a_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=kv_layout, k_width=2)
 
-    # the query tile's log-sum-exp and Δ, one per column of Sᵀ; loaded before waiting for Q and dO
-    queries = m * block_m + gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
-    q_ok = queries < n_q
-    lse = gl.load(lse_ptr + bh * n_q + queries, mask=q_ok, other=float("inf"))
-    # a query that sees no key has lse = −∞; +∞ makes its P = 2^(s − ∞) = 0 (rows past n_q too)
-    lse2 = gl.where(lse == float("-inf"), float("inf"), lse * 1.4426950408889634)  # log₂ units
-    delta = gl.load(delta_ptr + bh * n_q + queries, mask=q_ok, other=0.0)
-
     stage = step % stages
     mbarrier.wait(full_bars.index(stage), (step // stages) & 1)
     q = q_smem.index(stage).reshape([block_m, head_dim])
@@ -143,6 +140,10 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
     s_t = warpgroup_mma(k_w, q.permute((1, 0)), no_scores, use_acc=False, is_async=True)  # K_w Qᵀ = Sᵀ / τ
     dp_t = warpgroup_mma(v_w, do.permute((1, 0)), no_scores, use_acc=False, is_async=True)  # dPᵀ = V_w dOᵀ
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])  # K_w Qᵀ is done, dPᵀ may still run
+    # the query tile's log-sum-exp (log₂ units) and Δ, one per column of Sᵀ, read from shared memory
+    # where they are needed (the loader brought them with Q and dO): held in registers across the step
+    # they would cost 32 of the warpgroup's 240
+    lse2 = stats_smem.index(2 * stage).reshape([block_m]).load(gl.SliceLayout(0, st_layout))
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τ K Qᵀ − lse}, recomputed (qk_scale = τ log₂ e)
     if MASKED:
         # Sᵀ's row r is key key0 + r, its column c query m·64 + c. Keys past n_k: a zero key would
@@ -154,6 +155,7 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
             cols = gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
             p_t = gl.where(rows[:, None] - cols[None, :] <= m * block_m + (n_k - n_q) - key0, p_t, 0.0)
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
+    delta = stats_smem.index(2 * stage + 1).reshape([block_m]).load(gl.SliceLayout(0, st_layout))
     # τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ): τ applied once, here, for both dK = (τ dSᵀ) Q and dQ = (τ dS) K
     ds_t = p_t * (dp_t - delta[None, :]) * sm_scale
     dv = warpgroup_mma(gl.convert_layout(p_t.to(dtype), a_layout), do, dv, is_async=True)  # dV_w += Pᵀ dO
@@ -183,8 +185,8 @@ def _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full
 
 
 @gluon.jit
-def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-              dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+def _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
+              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
               sm_scale, WG: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup: keys first_key + 64·WG … + 63 against every query tile that sees the key tile,
     masked steps first; then dK = τ dSᵀ Q and dV = Pᵀ dO of its 64 keys to memory."""
@@ -209,15 +211,14 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_b
     mbarrier.wait(kv_full, 0)
     step = 0
     for h in range(group_size):
-        bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
         for m in range(m_lo, m_full):  # the diagonal and the ragged end
-            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
-                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+            dk, dv = _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars,
+                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, qk_scale,
                            sm_scale, WG, True, CAUSAL)
             step += 1
         for m in range(m_full, n_m):  # query tiles that see every key of the tile
-            dk, dv = _step(step, m, bh, k_w, v_w, k_cols, q_smem, do_smem, ds_smem, dq_smem, full_bars, empty_bars,
-                           ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, lse_ptr, delta_ptr, n_q, n_k, qk_scale,
+            dk, dv = _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars,
+                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, qk_scale,
                            sm_scale, WG, False, CAUSAL)
             step += 1
 
@@ -274,35 +275,33 @@ def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_si
 
 # Worker partitions take no compile-time arguments (Triton 3.6): one wrapper per value of CAUSAL.
 @gluon.jit
-def _consumer_1_causal(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
-                       ds_empty, dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k,
-                       qk_scale, sm_scale):
-    _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-              dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
-              sm_scale, 1, True)
+def _consumer_1_causal(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
+                       ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+                       sm_scale):
+    _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
+              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale, sm_scale, 1, True)
 
 
 @gluon.jit
-def _consumer_1_full(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
-                     ds_empty, dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k,
-                     qk_scale, sm_scale):
-    _consumer(k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full, ds_empty,
-              dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
-              sm_scale, 1, False)
+def _consumer_1_full(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
+                     ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+                     sm_scale):
+    _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
+              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale, sm_scale, 1, False)
 
 
 @gluon.jit
-def _loader_causal(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
-                   n_heads, group_size, n_q, n_k):
-    _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
-            n_heads, group_size, n_q, n_k, True)
+def _loader_causal(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
+                   full_bars, empty_bars, n_heads, group_size, n_q, n_k):
+    _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
+            full_bars, empty_bars, n_heads, group_size, n_q, n_k, True)
 
 
 @gluon.jit
-def _loader_full(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
-                 n_heads, group_size, n_q, n_k):
-    _loader(q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
-            n_heads, group_size, n_q, n_k, False)
+def _loader_full(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
+                 full_bars, empty_bars, n_heads, group_size, n_q, n_k):
+    _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
+            full_bars, empty_bars, n_heads, group_size, n_q, n_k, False)
 
 
 @gluon.jit
@@ -317,7 +316,7 @@ def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, gro
 
 # --8<-- [start:kernel]
 @gluon.jit
-def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_acc_ptr, dk_ptr, dv_ptr,
+def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, dk_ptr, dv_ptr,
                       n_heads, group_size, n_q, n_k, qk_scale, sm_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
@@ -334,6 +333,7 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ac
     v_smem = gl.allocate_shared_memory(dtype, [1, 1, block_n, head_dim], v_desc.layout)
     q_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_m, head_dim], q_desc.layout)
     do_smem = gl.allocate_shared_memory(dtype, [STAGES, 1, 1, block_m, head_dim], do_desc.layout)
+    stats_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 1, 1, block_m], stats_desc.layout)  # lse, Δ
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * half, block_m], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * half, block_m], ds_layout)  # dSᵀ, double-buffered
     # dS K, double-buffered, as two 64-column halves (one per consumer); rows of 64 floats swizzled
@@ -357,11 +357,11 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ac
         mbarrier.init(dq_empty.index(i), count=1)  # the writer done adding it into memory
     fence_async_shared()
 
-    consumer_args = (k_smem, v_smem, q_smem, do_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
-                     ds_empty, dq_full, dq_empty, lse_ptr, delta_ptr, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k,
-                     qk_scale, sm_scale)
-    loader_args = (q_desc, k_desc, v_desc, do_desc, k_smem, v_smem, q_smem, do_smem, kv_full, full_bars, empty_bars,
-                   n_heads, group_size, n_q, n_k)
+    consumer_args = (k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
+                     ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+                     sm_scale)
+    loader_args = (q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
+                   full_bars, empty_bars, n_heads, group_size, n_q, n_k)
     writer_args = (k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k)
     # the default partition (4 warps) is consumer 0; the workers are consumer 1, the loader and the writer
     if CAUSAL:
@@ -403,6 +403,25 @@ def _tile_layouts(dtype: torch.dtype):
     return tuple(gl.NVMMASharedLayout.get_default_for([1, 1, rows, HEAD_DIM], element) for rows in (BLOCK_M, BLOCK_N))
 
 
+# lse and Δ of one query tile: 64 float32 in a row, unswizzled (read as a vector, not by wgmma)
+STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
+
+
+def query_tile_stats(lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """(2, B·H, n_q rounded up to BLOCK_M) float32: the log-sum-exp in log₂ units, then Δ, for the
+    loader to bring by TMA with each query tile. A query that sees no key (lse = −∞) and the padding
+    get +∞, which makes their P = 2^(s − ∞) = 0; Δ's padding is 0."""
+    batch, heads, n_q = lse.shape
+    stats = torch.empty((2, batch * heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M), dtype=torch.float32,
+                        device=lse.device)
+    stats[0, :, n_q:] = float("inf")
+    stats[1, :, n_q:] = 0.0
+    lse2 = stats[0, :, :n_q].view(batch, heads, n_q)
+    torch.mul(lse, 1.4426950408889634, out=lse2).masked_fill_(lse == float("-inf"), float("inf"))
+    stats[1, :, :n_q].view(batch, heads, n_q).copy_(delta)
+    return stats
+
+
 # --8<-- [start:launcher]
 def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None):
     """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp (B, H, n_q).
@@ -423,20 +442,20 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
                          f"got {tuple(lse.shape)} {lse.dtype}")
     check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do, head_dims=(HEAD_DIM,))
     batch, heads, n_q, head_dim = q.shape
-    delta = attention_delta(o, do)  # Δ = rowsum(dO ∘ O), (B, H, n_q) float32
-    lse = lse.contiguous()
+    stats = query_tile_stats(lse, attention_delta(o, do))  # lse and Δ = rowsum(dO ∘ O), per query tile
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     q_layout, kv_layout = _tile_layouts(q.dtype)
     q_block, kv_block = [1, 1, BLOCK_M, HEAD_DIM], [1, 1, BLOCK_N, HEAD_DIM]
     descs = (TensorDescriptor.from_tensor(q, q_block, q_layout), TensorDescriptor.from_tensor(k, kv_block, kv_layout),
-             TensorDescriptor.from_tensor(v, kv_block, kv_layout), TensorDescriptor.from_tensor(do, q_block, q_layout))
+             TensorDescriptor.from_tensor(v, kv_block, kv_layout), TensorDescriptor.from_tensor(do, q_block, q_layout),
+             TensorDescriptor.from_tensor(stats, [1, 1, BLOCK_M], STATS_LAYOUT))
     # dQ's float32 accumulator, its rows padded to whole query tiles so that the writer needs no mask
     dq_acc = torch.zeros((batch, heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M, head_dim), dtype=torch.float32,
                          device=q.device)
     grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)
     _flash_hopper_bwd[grid](
-        *descs, lse, delta, dq_acc, dk, dv, heads, shape.group_size, n_q, shape.n_k,
+        *descs, dq_acc, dk, dv, heads, shape.group_size, n_q, shape.n_k,
         shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bool(causal), STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, WRITER_REGS=WRITER_REGS, num_warps=4,
     )
@@ -445,5 +464,5 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "MIN_KEYS",
-           "STAGES", "HEAD_DIM", "BLOCK_M", "BLOCK_N"]
+__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "query_tile_stats",
+           "MIN_KEYS", "STAGES", "HEAD_DIM", "BLOCK_M", "BLOCK_N"]

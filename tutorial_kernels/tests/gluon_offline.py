@@ -47,7 +47,8 @@ def variants() -> dict[str, tuple]:
     d_bwd = ch07_hopper_backward.HEAD_DIM
     backward_types = {"q_desc": _descriptor(ch07_hopper_backward.BLOCK_M, d_bwd), "do_desc": _descriptor(
         ch07_hopper_backward.BLOCK_M, d_bwd), "k_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd),
-        "v_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd), "lse_ptr": "*fp32", "delta_ptr": "*fp32",
+        "v_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd),
+        "stats_desc": f"tensordesc<fp32[1,1,{ch07_hopper_backward.BLOCK_M}],{ch07_hopper_backward.STATS_LAYOUT!r}>",
         "dq_acc_ptr": "*fp32", "dk_ptr": "*fp16", "dv_ptr": "*fp16", "qk_scale": "fp32", "sm_scale": "fp32"}
     found = {}
     fwd, bwd = ch07_hopper._flash_hopper_fwd, ch07_hopper_backward._flash_hopper_bwd  # noqa: SLF001

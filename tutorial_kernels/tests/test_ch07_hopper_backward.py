@@ -16,7 +16,7 @@ import torch
 from tutorial_kernels.attention import backward_kernel_for, flash_attention
 from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse, hopper_kernel_unavailable
 from tutorial_kernels.ch07_hopper_backward import (MIN_KEYS, flash_attn_hopper_backward, hopper_backward_unavailable,
-                                                   preferred_over_triton)
+                                                   preferred_over_triton, query_tile_stats)
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.testing import assert_close, grad_tolerance, random_qkv, tolerance
 from tutorial_kernels.tests.test_ch07_hopper import needs_hopper
@@ -55,6 +55,22 @@ def test_cpu_tensors_are_refused_with_the_reason():
     assert "head_dim 128, got 64" in hopper_backward_unavailable(q64, q64, q64, q64)
     with pytest.raises(UnsupportedShape, match="Hopper backward is built for head_dim 128, got 64"):
         flash_attn_hopper_backward(q64, q64, q64, q64, q64[..., 0].float(), q64, False)
+
+
+def test_the_loaders_per_query_statistics_are_lse_in_log2_units_and_delta_padded_to_whole_tiles():
+    lse = torch.randn(2, 3, 70, dtype=torch.float32)
+    lse[0, 1, 5] = float("-inf")  # a query that sees no key
+    delta = torch.randn(2, 3, 70, dtype=torch.float32)
+    stats = query_tile_stats(lse, delta)
+    assert stats.shape == (2, 6, 128) and stats.dtype == torch.float32  # 70 rows → two 64-row tiles
+    lse2, d = stats[0, :, :70].reshape(2, 3, 70), stats[1, :, :70].reshape(2, 3, 70)
+    seen = lse > float("-inf")
+    assert torch.allclose(lse2[seen], lse[seen] / torch.log(torch.tensor(2.0)))
+    assert lse2[0, 1, 5] == float("inf")  # its P = 2^(s − ∞) = 0
+    assert torch.equal(d, delta)
+    assert torch.all(stats[0, :, 70:] == float("inf")) and torch.all(stats[1, :, 70:] == 0)
+    whole = query_tile_stats(lse[..., :64], delta[..., :64])  # no padding to write
+    assert whole.shape == (2, 6, 64) and torch.equal(whole[1].reshape(2, 3, 64), delta[..., :64])
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
