@@ -51,7 +51,7 @@ BLOCK_M = 64  # query rows per step: the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
 STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32 (+ 2 × 0.5 for lse and Δ), dSᵀ 2 × 16,
 # dS K (float32) 2 × 32: 225 of the 227 KiB allowed
-CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 24, 40  # the loader and the two writers share a warpgroup
+CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 24, 24  # the loader and the writer share a warpgroup
 # --8<-- [end:tile_sizes]
 
 
@@ -177,9 +177,9 @@ def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_sm
     mbarrier.arrive(empty_bars.index(stage), count=1)  # Q and dO of this stage are no longer read
     # the atomic additions of dQ into memory would hold this warpgroup for as long as the products
     # take (measured): the dQ writer warp issues them while the warpgroups go on to the next tile
-    mbarrier.wait(dq_empty.index(2 * buf + WG), ((step // 2) + 1) & 1, pred=step >= 2)  # added 2 steps ago
+    mbarrier.wait(dq_empty.index(buf), ((step // 2) + 1) & 1, pred=step >= 2)  # written out 2 steps ago
     dq_smem.index(2 * buf + WG).store(dq)
-    mbarrier.arrive(dq_full.index(2 * buf + WG), count=1)
+    mbarrier.arrive(dq_full.index(buf), count=1)
     return dk, dv
 # --8<-- [end:step]
 
@@ -244,12 +244,10 @@ def _red_add_f32x4(addresses, values):
 
 
 @gluon.jit
-def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, W: gl.constexpr,
-               CAUSAL: gl.constexpr):
-    """One warp per consumer warpgroup W: each step's 64 × head_dim/2 half of dS K that W leaves in
-    shared memory, added into the float32 dQ accumulator (its rows padded to whole tiles: no mask), a
-    few rows at a time; then the buffer goes back to W. (One warp for both halves could not keep up:
-    the consumers waited for it.)"""
+def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+    """One warp: each step's 64 × head_dim tile of dS K, which the consumers leave in shared memory,
+    added into the float32 dQ accumulator (its rows padded to whole tiles: no mask), a few rows at a
+    time; then the buffer goes back to the consumers."""
     block_n: gl.constexpr = k_smem.shape[2]
     block_m: gl.constexpr = dq_smem.shape[1]
     cols_per_wg: gl.constexpr = dq_smem.shape[2]
@@ -263,12 +261,13 @@ def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_si
     for h in range(group_size):
         bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
         for m in range(m_lo, n_m):
-            buf = 2 * (step % 2) + W
+            buf = step % 2
             mbarrier.wait(dq_full.index(buf), (step // 2) & 1)
             tile = dq_acc_ptr + (bh * n_m + m) * (block_m * 2 * cols_per_wg)  # query rows m·64 … of head bh
-            for r in gl.static_range(0, block_m, chunk):
-                part = dq_smem.index(buf).slice(r, chunk, dim=0).load(layout)
-                _red_add_f32x4(tile + (r * 2 * cols_per_wg + W * cols_per_wg) + offsets, part)
+            for w in gl.static_range(2):
+                for r in gl.static_range(0, block_m, chunk):
+                    part = dq_smem.index(2 * buf + w).slice(r, chunk, dim=0).load(layout)
+                    _red_add_f32x4(tile + (r * 2 * cols_per_wg + w * cols_per_wg) + offsets, part)
             mbarrier.arrive(dq_empty.index(buf), count=1)
             step += 1
 # --8<-- [end:dq_writer]
@@ -306,23 +305,13 @@ def _loader_full(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_
 
 
 @gluon.jit
-def _dq_writer_causal_0(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, 0, True)
+def _dq_writer_causal(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, True)
 
 
 @gluon.jit
-def _dq_writer_causal_1(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, 1, True)
-
-
-@gluon.jit
-def _dq_writer_full_0(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, 0, False)
-
-
-@gluon.jit
-def _dq_writer_full_1(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, 1, False)
+def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, False)
 
 
 # --8<-- [start:kernel]
@@ -355,8 +344,8 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
     empty_bars = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ds_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     ds_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    dq_full = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())  # [2 · buffer + half]
-    dq_empty = gl.allocate_shared_memory(gl.int64, [4, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_full, count=1)  # completed by K's and V's bytes arriving
     for i in gl.static_range(STAGES):
         mbarrier.init(full_bars.index(i), count=1)  # completed by Q's and dO's bytes arriving
@@ -364,9 +353,8 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
     for i in gl.static_range(2):
         mbarrier.init(ds_full.index(i), count=2)  # both halves of dSᵀ written
         mbarrier.init(ds_empty.index(i), count=2)  # both dQ products done reading it
-    for i in gl.static_range(4):
-        mbarrier.init(dq_full.index(i), count=1)  # a consumer's half of dS K written
-        mbarrier.init(dq_empty.index(i), count=1)  # its writer done adding it into memory
+        mbarrier.init(dq_full.index(i), count=2)  # both halves of dS K written
+        mbarrier.init(dq_empty.index(i), count=1)  # the writer done adding it into memory
     fence_async_shared()
 
     consumer_args = (k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
@@ -375,17 +363,15 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
     loader_args = (q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
                    full_bars, empty_bars, n_heads, group_size, n_q, n_k)
     writer_args = (k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k)
-    # the default partition (4 warps) is consumer 0; the workers are consumer 1, the loader and the writers
+    # the default partition (4 warps) is consumer 0; the workers are consumer 1, the loader and the writer
     if CAUSAL:
         gl.warp_specialize([(_consumer, consumer_args + (0, CAUSAL)), (_consumer_1_causal, consumer_args),
-                            (_loader_causal, loader_args), (_dq_writer_causal_0, writer_args),
-                            (_dq_writer_causal_1, writer_args)], [4, 1, 1, 1],
-                           [CONSUMER_REGS, LOADER_REGS, WRITER_REGS, WRITER_REGS])
+                            (_loader_causal, loader_args), (_dq_writer_causal, writer_args)], [4, 1, 1],
+                           [CONSUMER_REGS, LOADER_REGS, WRITER_REGS])
     else:
         gl.warp_specialize([(_consumer, consumer_args + (0, CAUSAL)), (_consumer_1_full, consumer_args),
-                            (_loader_full, loader_args), (_dq_writer_full_0, writer_args),
-                            (_dq_writer_full_1, writer_args)], [4, 1, 1, 1],
-                           [CONSUMER_REGS, LOADER_REGS, WRITER_REGS, WRITER_REGS])
+                            (_loader_full, loader_args), (_dq_writer_full, writer_args)], [4, 1, 1],
+                           [CONSUMER_REGS, LOADER_REGS, WRITER_REGS])
 # --8<-- [end:kernel]
 
 
