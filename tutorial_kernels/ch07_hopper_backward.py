@@ -377,16 +377,16 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 
 # --8<-- [start:preferred]
 # Where this backward beats chapter 6's autotuned Triton kernels on the H100, measured side by side
-# (experiments/2026-11-25_hopper_backward/time_ebcbbd6_final.json): without a causal mask from 4096
-# keys on (at 1024 the two are level). Causal, the Triton kernels are faster up to 4096 keys and level
-# at 16,384, so they keep the causal backward.
+# (experiments/2026-11-25_backward_profile/compare_phase8.json, "now"): from 4096 keys on, causal or
+# not. At 1024 the two are level without the mask and the Triton kernels a little ahead with it.
 MIN_KEYS = 4096
 
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """Whether these CUDA inputs are long enough, and of the kind, for which this backward is the
-    faster; `hopper_backward_unavailable(q, k, v, do)` says whether it can run them."""
-    return not causal and min(q.shape[2], k.shape[2]) >= MIN_KEYS
+    """Whether these CUDA inputs are long enough for this backward to be the faster (`causal` does
+    not change the answer today; the front door asks with it all the same); whether it can run them
+    is `hopper_backward_unavailable(q, k, v, do)`."""
+    return min(q.shape[2], k.shape[2]) >= MIN_KEYS
 # --8<-- [end:preferred]
 
 
