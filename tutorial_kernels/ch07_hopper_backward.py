@@ -142,7 +142,7 @@ def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_sm
     s_t = warpgroup_mma_wait(num_outstanding=1, deps=[s_t])  # K_w Qᵀ is done, dPᵀ may still run
     # the query tile's log-sum-exp (log₂ units) and Δ, one per column of Sᵀ, read from shared memory
     # where they are needed (the loader brought them with Q and dO): held in registers across the step
-    # they would cost 32 of the warpgroup's 240
+    # they would cost 32 of each thread's 240
     lse2 = stats_smem.index(2 * stage).reshape([block_m]).load(gl.SliceLayout(0, st_layout))
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τ K Qᵀ − lse}, recomputed (qk_scale = τ log₂ e)
     if MASKED:
@@ -348,7 +348,7 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
     dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(kv_full, count=1)  # completed by K's and V's bytes arriving
     for i in gl.static_range(STAGES):
-        mbarrier.init(full_bars.index(i), count=1)  # completed by Q's and dO's bytes arriving
+        mbarrier.init(full_bars.index(i), count=1)  # completed by Q's, dO's, lse's and Δ's bytes arriving
         mbarrier.init(empty_bars.index(i), count=2)  # completed when both consumers release the stage
     for i in gl.static_range(2):
         mbarrier.init(ds_full.index(i), count=2)  # both halves of dSᵀ written
@@ -378,7 +378,8 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 # --8<-- [start:preferred]
 # Where this backward beats chapter 6's autotuned Triton kernels on the H100, measured side by side
 # (experiments/2026-11-25_backward_profile/compare_phase8.json, "now"): from 4096 keys on, causal or
-# not. At 1024 the two are level without the mask and the Triton kernels a little ahead with it.
+# not. At 1024 it is ahead without the mask in float16 and level in bfloat16, and a little behind with
+# it; 2048 was not measured, so the rule stays at the measured 4096.
 MIN_KEYS = 4096
 
 
@@ -412,6 +413,7 @@ def query_tile_stats(lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
     loader to bring by TMA with each query tile. A query that sees no key (lse = −∞) and the padding
     get +∞, which makes their P = 2^(s − ∞) = 0; Δ's padding is 0."""
     batch, heads, n_q = lse.shape
+    lse, delta = lse.detach(), delta.detach()  # written into a buffer with out=, which autograd refuses
     stats = torch.empty((2, batch * heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M), dtype=torch.float32,
                         device=lse.device)
     stats[0, :, n_q:] = float("inf")
@@ -465,4 +467,4 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 
 
 __all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "query_tile_stats",
-           "MIN_KEYS", "STAGES", "HEAD_DIM", "BLOCK_M", "BLOCK_N"]
+           "MIN_KEYS", "STAGES", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "CONSUMER_REGS"]

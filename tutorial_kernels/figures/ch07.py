@@ -17,6 +17,8 @@ from plotly.subplots import make_subplots
 from tutorial_kernels.ch07_hopper import CONSUMER_REGS, LOADER_REGS, ROWS_PER_WARPGROUP, TILES
 from tutorial_kernels.ch07_hopper_backward import BLOCK_M as BWD_BLOCK_M
 from tutorial_kernels.ch07_hopper_backward import BLOCK_N as BWD_BLOCK_N
+from tutorial_kernels.ch07_hopper_backward import CONSUMER_REGS as BWD_CONSUMER_REGS
+from tutorial_kernels.ch07_hopper_backward import HEAD_DIM as BWD_HEAD_DIM
 from tutorial_kernels.ch07_hopper_backward import STAGES as BWD_STAGES
 from tutorial_kernels.figures.ch05 import probe_bars
 from tutorial_kernels.figures.registry import figure
@@ -329,8 +331,8 @@ def hopper_backward(steps: int = 3) -> go.Figure:
     _boxes(fig, "loader warp", [(0.0, 1.5)] + [(first + period * i - 1.5, first + period * i) for i in range(steps)],
            ["K, V"] + [f"Q, dO<sub>{i}</sub>" for i in range(steps)],
            [f"TMA: the program's {BWD_BLOCK_N} keys and values, once, kept in shared memory"]
-           + [f"TMA: query tile {i}'s Q and dO ({BWD_BLOCK_M} rows each) into stage {i % BWD_STAGES} of the ring, "
-              "as soon as both warpgroups released what it held" for i in range(steps)],
+           + [f"TMA: query tile {i}'s Q and dO ({BWD_BLOCK_M} rows each), and its rows' lse and Δ, into stage "
+              f"{i % BWD_STAGES} of the ring, as soon as both warpgroups released what it held" for i in range(steps)],
            LOADER_COLOUR, "TMA copy (loader warp)")
     for wg in range(2):
         row = f"warpgroup {wg}: keys {wg * BWD_BLOCK_N // 2}–{(wg + 1) * BWD_BLOCK_N // 2 - 1}"
@@ -340,7 +342,7 @@ def hopper_backward(steps: int = 3) -> go.Figure:
             for start, end, label, text, tone in (
                     (0, 2, "Sᵀ, dPᵀ", "K Qᵀ (= Sᵀ / τ) and dPᵀ = V dOᵀ: two asynchronous wgmma, K and V from shared memory", 0.0),
                     (2, 3, "dS", "Pᵀ = e^(τ K Qᵀ − lse) recomputed, masked on the diagonal; τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ), "
-                                    "in registers", 0.5),
+                                    "in registers (lse and Δ read from the stage as they are needed)", 0.5),
                     (3, 5, "dV, dK", "dV += Pᵀ dO and dK += dSᵀ Q, Pᵀ and dSᵀ from registers; meanwhile dSᵀ goes to "
                                      "shared memory and the warpgroup waits for the other's half", 0.0),
                     (5, 6, "dQ", "its half of dQ's columns: dS (both halves, from shared memory) times K", -0.3)):
@@ -358,7 +360,8 @@ def hopper_backward(steps: int = 3) -> go.Figure:
     concept_layout(
         fig, "The backward on Hopper: one 128-key tile,<br>query tiles streamed past it",
         "A timeline with rows for the loader warp, the two consumer warpgroups (64 keys each) and the dQ writer "
-        f"warp over {steps} query tiles. The loader copies K and V once, then each query tile's Q and dO. For "
+        f"warp over {steps} query tiles. The loader copies K and V once, then each query tile's Q and dO with its "
+        "rows' lse and Δ. For "
         "each tile, each warpgroup computes S transposed and dP transposed, then P and dS in registers, then "
         "dV and dK, then its half of dQ from both warpgroups' dS; the writer warp adds that dQ into memory "
         "while the warpgroups go on to the next tile.", height=420)
@@ -368,6 +371,55 @@ def hopper_backward(steps: int = 3) -> go.Figure:
     add_notes(fig, "Schematic durations: one unit per product of a warpgroup (the two warpgroups share the "
                    "SM's tensor cores). Hover over a box for what it is.")
     return set_narrow(fig, **{"+height": 100})
+
+
+def backward_register_budget() -> dict[str, dict[str, int]]:
+    """Registers per consumer thread of the backward at the line that computes Pᵀ, by value, for the
+    two placements of lse and Δ: a float32 tile of R × C spread over a warpgroup's 128 threads is
+    R·C/128 registers; a per-query vector in the scores' layout is BLOCK_M/4 (each thread holds 16
+    of the 64 columns)."""
+    half, vector = BWD_BLOCK_N // 2, BWD_BLOCK_M // 4
+    held = {"dK (64 keys × d)": half * BWD_HEAD_DIM // 128, "dV (64 keys × d)": half * BWD_HEAD_DIM // 128,
+            "Sᵀ, then Pᵀ": half * BWD_BLOCK_M // 128, "dPᵀ (on its way)": half * BWD_BLOCK_M // 128}
+    return {"loaded at step start": {**held, "lse": vector, "Δ": vector},
+            "read where used": {**held, "lse": vector}}
+
+
+@figure("concept-hopper-backward-registers")
+def hopper_backward_registers() -> go.Figure:
+    """The backward's register budget: what a consumer thread holds at the line that computes Pᵀ,
+    with lse and Δ loaded at the start of the step or read from shared memory where used, against
+    the 240 registers a consumer warpgroup gets (`backward_register_budget`)."""
+    budget = backward_register_budget()
+    colours = {"dK (64 keys × d)": WARPGROUP_COLOURS[0], "dV (64 keys × d)": shade(WARPGROUP_COLOURS[0], 0.45),
+               "Sᵀ, then Pᵀ": WARPGROUP_COLOURS[1], "dPᵀ (on its way)": shade(WARPGROUP_COLOURS[1], 0.45),
+               "lse": WRITER_COLOUR, "Δ": shade(WRITER_COLOUR, 0.45)}
+    rows = list(budget)
+    fig = go.Figure()
+    for name, colour in colours.items():
+        counts = [budget[row].get(name, 0) for row in rows]
+        fig.add_trace(go.Bar(y=rows, x=counts, orientation="h", name=name, marker_color=colour,
+                             text=[str(c) if c else "" for c in counts], textposition="inside",
+                             hovertemplate=f"{name}: %{{x}} registers per thread<extra>%{{y}}</extra>"))
+    fig.add_vline(x=BWD_CONSUMER_REGS, line=dict(color="#5a6372", dash="dot", width=2),
+                  annotation_text=f"{BWD_CONSUMER_REGS}", annotation_position="top")
+    fig.update_layout(barmode="stack", bargap=0.35, uniformtext=dict(minsize=9, mode="hide"),
+                      legend=dict(traceorder="normal"))
+    totals = {row: sum(budget[row].values()) for row in rows}
+    concept_layout(
+        fig, "Registers of one consumer thread<br>at the line that computes Pᵀ",
+        f"Two stacked horizontal bars of registers per thread against a line at {BWD_CONSUMER_REGS}. With lse and "
+        f"Δ loaded at the start of the step: dK and dV {budget[rows[0]]['dK (64 keys × d)']} each, Sᵀ and dPᵀ "
+        f"{budget[rows[0]]['Sᵀ, then Pᵀ']} each, lse and Δ {budget[rows[0]]['lse']} each, "
+        f"{totals[rows[0]]} in all. With each read from shared memory on the line before its use, Δ is not "
+        f"loaded yet: {totals[rows[1]]}. What is left under the line is all the compiler has for addresses, "
+        "loop counters and the descriptors wgmma takes.", height=330)
+    fig.update_xaxes(showticklabels=True, ticks="outside", range=[0, 256], title="registers per thread")
+    fig.update_yaxes(showticklabels=True, automargin=True, categoryorder="array", categoryarray=rows[::-1])
+    add_notes(fig, "Counted from the tile sizes, not measured: a 64 × 128 float32 tile over 128 threads is 64 "
+                   "registers each. When the compiler's own values do not fit in what is left, it spills them "
+                   "(`python -m tutorial_kernels.tests.gluon_offline` prints the spilled bytes).")
+    return set_narrow(fig, **{"+height": 80})
 
 
 @figure("concept-intra-warpgroup-overlap")

@@ -242,10 +242,10 @@ def test_chapters_declare_their_public_api_and_hold_only_their_lesson():
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 for t in targets:
-                    if isinstance(t, ast.Name):
-                        defined.add(t.id)
-                        if t.id == "__all__":
-                            exported = ast.literal_eval(node.value)
+                    names = t.elts if isinstance(t, ast.Tuple) else [t]  # `A, B = 1, 2` defines both
+                    defined.update(n.id for n in names if isinstance(n, ast.Name))
+                    if isinstance(t, ast.Name) and t.id == "__all__":
+                        exported = ast.literal_eval(node.value)
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 defined.update((a.asname or a.name).split(".")[0] for a in node.names)
         assert exported, f"tutorial_kernels.{module} assigns no __all__"
