@@ -5,7 +5,8 @@ dV = Pᵀ dO, dS = P ∘ (dP − Δ), dK = τ dSᵀ Q, dQ = τ dS K); what chang
 (FlashAttention-3, Shah et al. 2024, §3 and Appendix B):
 
 * one program per 128-key tile of one (batch, key/value head), K and V loaded once by TMA and kept
-  in shared memory; it runs down the query tiles (64 rows) of every query head of its group;
+  in shared memory; it runs down the query tiles (64 rows at d = 128, 128 at d = 64) of every query
+  head of its group;
 * warp specialisation: one loader warp brings each query tile's Q and dO (and its rows' log-sum-exp
   and Δ, which the consumers read where they need them) by TMA into a ring of shared-memory stages
   ("full"/"empty" mbarriers, as in the forward); two consumer warpgroups, one per 64-key half of the
@@ -24,7 +25,7 @@ dQ's float32 sums run in whatever order the programs reach them, so dQ can diffe
 in its last bits (float32 rounding, before the one rounding to float16/bfloat16). Under
 `torch.use_deterministic_algorithms(True)` the front door runs chapter 6's kernels instead.
 
-Scope: float16/bfloat16, head_dim 128 (the forward runs 64 and 256 as well), compute capability 9.x,
+Scope: float16/bfloat16, head_dim 64 or 128 (the forward runs 256 as well), compute capability 9.x,
 TMA-compatible strides; `hopper_backward_unavailable(q, k, v, do)` says why a call does not qualify.
 """
 
@@ -46,11 +47,15 @@ from tutorial_kernels.validation import check_attention_inputs
 
 
 # --8<-- [start:tile_sizes]
-HEAD_DIM = 128  # the one head dimension this schedule is built and measured for
-BLOCK_M = 64  # query rows per step: the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ dO
+# query rows per step (the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ dO), per head dimension: at d = 64 a tile
+# of 128 rows fits and does more work per wait (measured: experiments/2026-11-25_backward_profile/
+# probe_d64_bm*.json, 0.93–1.04 × cuDNN against 0.90–0.98 with 64 rows)
+BLOCK_M_FOR = {64: 128, 128: 64}
+HEAD_DIMS = tuple(BLOCK_M_FOR)  # the head dimensions this schedule is built and measured for
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
-STAGES = 2  # Q/dO tiles in flight. K and V 64 KiB, the ring 2 × 32 (+ 2 × 0.5 for lse and Δ), dSᵀ 2 × 16,
-# dS K (float32) 2 × 32: 225 of the 227 KiB allowed
+STAGES = 2  # Q/dO tiles in flight. At d = 128: K and V 64 KiB, the ring 2 × 32 (+ 2 × 0.5 for lse and Δ),
+# dSᵀ 2 × 16, dS K (float32) 2 × 32: 225 of the 227 KiB allowed. At d = 64 (128 rows): K and V 32,
+# the ring 2 × 32 (+ 2 × 1), dSᵀ 2 × 32, dS K 2 × 32: 226
 CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 24, 24  # the loader and the writer share a warpgroup
 # --8<-- [end:tile_sizes]
 
@@ -146,7 +151,7 @@ def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_sm
     lse2 = stats_smem.index(2 * stage).reshape([block_m]).load(gl.SliceLayout(0, st_layout))
     p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τ K Qᵀ − lse}, recomputed (qk_scale = τ log₂ e)
     if MASKED:
-        # Sᵀ's row r is key key0 + r, its column c query m·64 + c. Keys past n_k: a zero key would
+        # Sᵀ's row r is key key0 + r, its column c query m·block_m + c. Keys past n_k: a zero key would
         # still get P = e^{−lse}. Causal, key ≤ query + n_k − n_q, written as r − c ≤ one number per
         # step: r − c depends on the thread alone, and holds no registers across the loop.
         rows = gl.arange(0, half, gl.SliceLayout(1, st_layout))
@@ -245,14 +250,15 @@ def _red_add_f32x4(addresses, values):
 
 @gluon.jit
 def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
-    """One warp: each step's 64 × head_dim tile of dS K, which the consumers leave in shared memory,
+    """One warp: each step's block_m × head_dim tile of dS K, which the consumers leave in shared memory,
     added into the float32 dQ accumulator (its rows padded to whole tiles: no mask), a few rows at a
     time; then the buffer goes back to the consumers."""
     block_n: gl.constexpr = k_smem.shape[2]
     block_m: gl.constexpr = dq_smem.shape[1]
     cols_per_wg: gl.constexpr = dq_smem.shape[2]
-    chunk: gl.constexpr = 4  # rows per load (the swizzle repeats every 4): 4 × 64 floats, 8 per lane
-    layout: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [1, 1], [1, 0])  # 4 consecutive floats per lane
+    chunk: gl.constexpr = 4  # rows per load (the swizzle repeats every 4): 4 × d/2 floats
+    lanes_per_row: gl.constexpr = cols_per_wg // 4  # 4 consecutive floats per lane: 16 lanes at d = 128, 8 at 64
+    layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // lanes_per_row, lanes_per_row], [1, 1], [1, 0])
     batch, kv_head, first_key, m_lo, m_full, n_m = _key_tile(n_heads, group_size, n_q, n_k, CAUSAL, block_m,
                                                              block_n)
     offsets = (gl.arange(0, chunk, gl.SliceLayout(1, layout))[:, None] * (2 * cols_per_wg)
@@ -263,7 +269,7 @@ def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_si
         for m in range(m_lo, n_m):
             buf = step % 2
             mbarrier.wait(dq_full.index(buf), (step // 2) & 1)
-            tile = dq_acc_ptr + (bh * n_m + m) * (block_m * 2 * cols_per_wg)  # query rows m·64 … of head bh
+            tile = dq_acc_ptr + (bh * n_m + m) * (block_m * 2 * cols_per_wg)  # query rows m·block_m … of head bh
             for w in gl.static_range(2):
                 for r in gl.static_range(0, block_m, chunk):
                     part = dq_smem.index(2 * buf + w).slice(r, chunk, dim=0).load(layout)
@@ -336,7 +342,7 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
     stats_smem = gl.allocate_shared_memory(gl.float32, [2 * STAGES, 1, 1, block_m], stats_desc.layout)  # lse, Δ
     ds_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([2 * half, block_m], dtype)
     ds_smem = gl.allocate_shared_memory(dtype, [2, 2 * half, block_m], ds_layout)  # dSᵀ, double-buffered
-    # dS K, double-buffered, as two 64-column halves (one per consumer); rows of 64 floats swizzled
+    # dS K, double-buffered, as two d/2-column halves (one per consumer); rows of d/2 floats swizzled
     dq_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=4, order=[1, 0])
     dq_smem = gl.allocate_shared_memory(gl.float32, [4, block_m, head_dim // 2], dq_layout)  # [2 · buffer + half]
     kv_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
@@ -379,7 +385,8 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 # Where this backward beats chapter 6's autotuned Triton kernels on the H100, measured side by side
 # (experiments/2026-11-25_backward_profile/compare_phase8.json, "now"): from 4096 keys on, causal or
 # not. At 1024 it is ahead without the mask in float16 and level in bfloat16, and a little behind with
-# it; 2048 was not measured, so the rule stays at the measured 4096.
+# it; 2048 was not measured, so the rule stays at the measured 4096. At d = 64 it is ahead at 4096 and
+# 16384 in both dtypes, causal or not (probe_d64_bm128.json), and the same rule applies.
 MIN_KEYS = 4096
 
 
@@ -393,28 +400,29 @@ def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> boo
 
 def hopper_backward_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
     """None if this backward can run these (already validated) inputs, else why not: the forward's
-    rules (`ch07_hopper.hopper_kernel_unavailable`) for q, k, v and do, at head_dim 128 only."""
-    return hopper_kernel_unavailable(q, k, v, do, head_dims=(HEAD_DIM,))
+    rules (`ch07_hopper.hopper_kernel_unavailable`) for q, k, v and do, at head_dim 64 or 128."""
+    return hopper_kernel_unavailable(q, k, v, do, head_dims=HEAD_DIMS)
 
 
 @functools.lru_cache(maxsize=None)
-def _tile_layouts(dtype: torch.dtype):
-    """The shared-memory layouts of the TMA blocks: 64 rows × head_dim (Q, dO) and 128 (K, V)."""
+def _tile_layouts(dtype: torch.dtype, head_dim: int):
+    """The shared-memory layouts of the TMA blocks: BLOCK_M rows × head_dim (Q, dO) and 128 (K, V)."""
     element = gl.float16 if dtype == torch.float16 else gl.bfloat16
-    return tuple(gl.NVMMASharedLayout.get_default_for([1, 1, rows, HEAD_DIM], element) for rows in (BLOCK_M, BLOCK_N))
+    return tuple(gl.NVMMASharedLayout.get_default_for([1, 1, rows, head_dim], element)
+                 for rows in (BLOCK_M_FOR[head_dim], BLOCK_N))
 
 
-# lse and Δ of one query tile: 64 float32 in a row, unswizzled (read as a vector, not by wgmma)
+# lse and Δ of one query tile: BLOCK_M float32 in a row, unswizzled (read as a vector, not by wgmma)
 STATS_LAYOUT = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=3)
 
 
-def query_tile_stats(lse: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
-    """(2, B·H, n_q rounded up to BLOCK_M) float32: the log-sum-exp in log₂ units, then Δ, for the
+def query_tile_stats(lse: torch.Tensor, delta: torch.Tensor, block_m: int) -> torch.Tensor:
+    """(2, B·H, n_q rounded up to block_m) float32: the log-sum-exp in log₂ units, then Δ, for the
     loader to bring by TMA with each query tile. A query that sees no key (lse = −∞) and the padding
     get +∞, which makes their P = 2^(s − ∞) = 0; Δ's padding is 0."""
     batch, heads, n_q = lse.shape
     lse, delta = lse.detach(), delta.detach()  # written into a buffer with out=, which autograd refuses
-    stats = torch.empty((2, batch * heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M), dtype=torch.float32,
+    stats = torch.empty((2, batch * heads, triton.cdiv(n_q, block_m) * block_m), dtype=torch.float32,
                         device=lse.device)
     stats[0, :, n_q:] = float("inf")
     stats[1, :, n_q:] = 0.0
@@ -442,18 +450,19 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     if lse.shape != q.shape[:3] or lse.dtype != torch.float32:
         raise ValueError(f"lse must be the forward's log-sum-exp, shape {tuple(q.shape[:3])} float32, "
                          f"got {tuple(lse.shape)} {lse.dtype}")
-    check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do, head_dims=(HEAD_DIM,))
+    check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do, head_dims=HEAD_DIMS)
     batch, heads, n_q, head_dim = q.shape
-    stats = query_tile_stats(lse, attention_delta(o, do))  # lse and Δ = rowsum(dO ∘ O), per query tile
+    block_m = BLOCK_M_FOR[head_dim]
+    stats = query_tile_stats(lse, attention_delta(o, do), block_m)  # lse and Δ = rowsum(dO ∘ O), per query tile
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    q_layout, kv_layout = _tile_layouts(q.dtype)
-    q_block, kv_block = [1, 1, BLOCK_M, HEAD_DIM], [1, 1, BLOCK_N, HEAD_DIM]
+    q_layout, kv_layout = _tile_layouts(q.dtype, head_dim)
+    q_block, kv_block = [1, 1, block_m, head_dim], [1, 1, BLOCK_N, head_dim]
     descs = (TensorDescriptor.from_tensor(q, q_block, q_layout), TensorDescriptor.from_tensor(k, kv_block, kv_layout),
              TensorDescriptor.from_tensor(v, kv_block, kv_layout), TensorDescriptor.from_tensor(do, q_block, q_layout),
-             TensorDescriptor.from_tensor(stats, [1, 1, BLOCK_M], STATS_LAYOUT))
+             TensorDescriptor.from_tensor(stats, [1, 1, block_m], STATS_LAYOUT))
     # dQ's float32 accumulator, its rows padded to whole query tiles so that the writer needs no mask
-    dq_acc = torch.zeros((batch, heads, triton.cdiv(n_q, BLOCK_M) * BLOCK_M, head_dim), dtype=torch.float32,
+    dq_acc = torch.zeros((batch, heads, triton.cdiv(n_q, block_m) * block_m, head_dim), dtype=torch.float32,
                          device=q.device)
     grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)
     _flash_hopper_bwd[grid](
@@ -467,4 +476,4 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 
 
 __all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "query_tile_stats",
-           "MIN_KEYS", "STAGES", "HEAD_DIM", "BLOCK_M", "BLOCK_N", "CONSUMER_REGS"]
+           "MIN_KEYS", "STAGES", "HEAD_DIMS", "BLOCK_M_FOR", "BLOCK_N", "CONSUMER_REGS"]

@@ -15,10 +15,9 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from tutorial_kernels.ch07_hopper import CONSUMER_REGS, LOADER_REGS, ROWS_PER_WARPGROUP, TILES
-from tutorial_kernels.ch07_hopper_backward import BLOCK_M as BWD_BLOCK_M
+from tutorial_kernels.ch07_hopper_backward import BLOCK_M_FOR as BWD_BLOCK_M_FOR
 from tutorial_kernels.ch07_hopper_backward import BLOCK_N as BWD_BLOCK_N
 from tutorial_kernels.ch07_hopper_backward import CONSUMER_REGS as BWD_CONSUMER_REGS
-from tutorial_kernels.ch07_hopper_backward import HEAD_DIM as BWD_HEAD_DIM
 from tutorial_kernels.ch07_hopper_backward import STAGES as BWD_STAGES
 from tutorial_kernels.figures.ch05 import probe_bars
 from tutorial_kernels.figures.registry import figure
@@ -29,6 +28,8 @@ from tutorial_kernels.figures.style import (
 
 HEAD_DIM = 128  # the pictures draw the forward at the head dimension it was first built and measured for
 BLOCK_N, STAGES = TILES[HEAD_DIM]
+BWD_HEAD_DIM = 128  # and the backward at d = 128 too (at d = 64 its query tiles are 128 rows, not 64)
+BWD_BLOCK_M = BWD_BLOCK_M_FOR[BWD_HEAD_DIM]
 
 HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sdpa-flash"]  # in the Hopper probe's figure
 

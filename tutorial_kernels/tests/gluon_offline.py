@@ -41,15 +41,17 @@ def _signature(kernel, types: dict[str, str], constants: dict[str, object]) -> t
     return signature, {(names.index(name),): value for name, value in constants.items()}
 
 
+def _backward_types(head_dim: int) -> dict[str, str]:
+    block_m, block_n = ch07_hopper_backward.BLOCK_M_FOR[head_dim], ch07_hopper_backward.BLOCK_N
+    return {"q_desc": _descriptor(block_m, head_dim), "do_desc": _descriptor(block_m, head_dim),
+            "k_desc": _descriptor(block_n, head_dim), "v_desc": _descriptor(block_n, head_dim),
+            "stats_desc": f"tensordesc<fp32[1,1,{block_m}],{ch07_hopper_backward.STATS_LAYOUT!r}>",
+            "dq_acc_ptr": "*fp32", "dk_ptr": "*fp16", "dv_ptr": "*fp16", "qk_scale": "fp32", "sm_scale": "fp32"}
+
+
 def variants() -> dict[str, tuple]:
-    """name → (kernel, signature, constexprs) of every Gluon kernel the package launches, float16
-    (the forward at each head dimension it runs)."""
-    d_bwd = ch07_hopper_backward.HEAD_DIM
-    backward_types = {"q_desc": _descriptor(ch07_hopper_backward.BLOCK_M, d_bwd), "do_desc": _descriptor(
-        ch07_hopper_backward.BLOCK_M, d_bwd), "k_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd),
-        "v_desc": _descriptor(ch07_hopper_backward.BLOCK_N, d_bwd),
-        "stats_desc": f"tensordesc<fp32[1,1,{ch07_hopper_backward.BLOCK_M}],{ch07_hopper_backward.STATS_LAYOUT!r}>",
-        "dq_acc_ptr": "*fp32", "dk_ptr": "*fp16", "dv_ptr": "*fp16", "qk_scale": "fp32", "sm_scale": "fp32"}
+    """name → (kernel, signature, constexprs) of every Gluon kernel the package launches, float16,
+    at each head dimension it runs."""
     found = {}
     fwd, bwd = ch07_hopper._flash_hopper_fwd, ch07_hopper_backward._flash_hopper_bwd  # noqa: SLF001
     for causal in (False, True):
@@ -63,11 +65,13 @@ def variants() -> dict[str, tuple]:
                 fwd, {n: forward_types.get(n, "i32") for n in fwd.arg_names},
                 {"CAUSAL": causal, "STAGES": tiles.stages, "CONSUMER_REGS": ch07_hopper.CONSUMER_REGS,
                  "LOADER_REGS": ch07_hopper.LOADER_REGS}))
-        found[f"backward-{tag}"] = (bwd, *_signature(
-            bwd, {n: backward_types.get(n, "i32") for n in bwd.arg_names},
-            {"CAUSAL": causal, "STAGES": ch07_hopper_backward.STAGES,
-             "CONSUMER_REGS": ch07_hopper_backward.CONSUMER_REGS, "LOADER_REGS": ch07_hopper_backward.LOADER_REGS,
-             "WRITER_REGS": ch07_hopper_backward.WRITER_REGS}))
+        for head_dim in ch07_hopper_backward.HEAD_DIMS:
+            types = _backward_types(head_dim)
+            found[f"backward-d{head_dim}-{tag}"] = (bwd, *_signature(
+                bwd, {n: types.get(n, "i32") for n in bwd.arg_names},
+                {"CAUSAL": causal, "STAGES": ch07_hopper_backward.STAGES,
+                 "CONSUMER_REGS": ch07_hopper_backward.CONSUMER_REGS,
+                 "LOADER_REGS": ch07_hopper_backward.LOADER_REGS, "WRITER_REGS": ch07_hopper_backward.WRITER_REGS}))
     return found
 
 

@@ -153,6 +153,8 @@ def test_hopper_takes_the_gluon_kernels_where_they_win():
     assert kernel_for(x.q, x.k, x.v, True, out=columns_apart) == "triton-tuned"
     assert backward_kernel_for(x.q, x.k, x.v, x.q, False) == "hopper"
     assert backward_kernel_for(x.q, x.k, x.v, x.q, True) == "hopper"
+    narrow = random_qkv(1, 8, 4096, 4096, 64, torch.bfloat16)
+    assert backward_kernel_for(narrow.q, narrow.k, narrow.v, narrow.q, True) == "hopper"  # d = 64 as well
     short = random_qkv(1, 8, 1024, 1024, 128, torch.bfloat16)
     assert backward_kernel_for(short.q, short.k, short.v, short.q, True) == "triton-tuned"  # level or ahead there
     torch.use_deterministic_algorithms(True)

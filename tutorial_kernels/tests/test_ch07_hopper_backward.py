@@ -15,8 +15,8 @@ import torch
 
 from tutorial_kernels.attention import backward_kernel_for, flash_attention
 from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse, hopper_kernel_unavailable
-from tutorial_kernels.ch07_hopper_backward import (MIN_KEYS, flash_attn_hopper_backward, hopper_backward_unavailable,
-                                                   preferred_over_triton, query_tile_stats)
+from tutorial_kernels.ch07_hopper_backward import (HEAD_DIMS, MIN_KEYS, flash_attn_hopper_backward,
+                                                   hopper_backward_unavailable, preferred_over_triton, query_tile_stats)
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.testing import assert_close, grad_tolerance, random_qkv, tolerance
 from tutorial_kernels.tests.test_ch07_hopper import needs_hopper
@@ -31,8 +31,9 @@ def test_the_gluon_kernels_compile_for_hopper_without_a_gpu():
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     reports = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert {r["kernel"] for r in reports} == {f"forward-d{d}-{tag}" for d in (64, 128, 256) for tag in ("full", "causal")
-                                              } | {"backward-full", "backward-causal"}
+    tags = ("full", "causal")
+    assert {r["kernel"] for r in reports} == ({f"forward-d{d}-{tag}" for d in (64, 128, 256) for tag in tags}
+                                              | {f"backward-d{d}-{tag}" for d in (64, 128) for tag in tags})
     for r in reports:
         assert 0 < r["shared_bytes"] <= SHARED_MEMORY_LIMIT, r
 
@@ -50,27 +51,29 @@ def test_cpu_tensors_are_refused_with_the_reason():
         flash_attn_hopper_backward(q, q, q, q, q[..., 0], q, False)
     with pytest.raises(TypeError, match="float16 and torch.bfloat16, got torch.float32"):
         flash_attn_hopper_backward(*(t.float() for t in (q, q, q, q)), q[..., 0].float(), q.float(), False)
-    # the forward runs head_dim 64 and 256 as well; this backward 128 only
-    q64 = torch.randn(1, 2, 8, 64, dtype=torch.float16)
-    assert "head_dim 128, got 64" in hopper_backward_unavailable(q64, q64, q64, q64)
-    with pytest.raises(UnsupportedShape, match="Hopper backward is built for head_dim 128, got 64"):
-        flash_attn_hopper_backward(q64, q64, q64, q64, q64[..., 0].float(), q64, False)
+    # the forward runs head_dim 256 as well; this backward 64 and 128 only
+    q256 = torch.randn(1, 2, 8, 256, dtype=torch.float16)
+    assert "head_dim 64 or 128, got 256" in hopper_backward_unavailable(q256, q256, q256, q256)
+    with pytest.raises(UnsupportedShape, match="Hopper backward is built for head_dim 64 or 128, got 256"):
+        flash_attn_hopper_backward(q256, q256, q256, q256, q256[..., 0].float(), q256, False)
 
 
-def test_the_loaders_per_query_statistics_are_lse_in_log2_units_and_delta_padded_to_whole_tiles():
-    lse = torch.randn(2, 3, 70, dtype=torch.float32)
+@pytest.mark.parametrize("block_m", [64, 128])
+def test_the_loaders_per_query_statistics_are_lse_in_log2_units_and_delta_padded_to_whole_tiles(block_m):
+    n_q = block_m + 6  # one whole query tile and a ragged one
+    lse = torch.randn(2, 3, n_q, dtype=torch.float32)
     lse[0, 1, 5] = float("-inf")  # a query that sees no key
-    delta = torch.randn(2, 3, 70, dtype=torch.float32)
-    stats = query_tile_stats(lse, delta)
-    assert stats.shape == (2, 6, 128) and stats.dtype == torch.float32  # 70 rows → two 64-row tiles
-    lse2, d = stats[0, :, :70].reshape(2, 3, 70), stats[1, :, :70].reshape(2, 3, 70)
+    delta = torch.randn(2, 3, n_q, dtype=torch.float32)
+    stats = query_tile_stats(lse, delta, block_m)
+    assert stats.shape == (2, 6, 2 * block_m) and stats.dtype == torch.float32
+    lse2, d = stats[0, :, :n_q].reshape(2, 3, n_q), stats[1, :, :n_q].reshape(2, 3, n_q)
     seen = lse > float("-inf")
     assert torch.allclose(lse2[seen], lse[seen] / torch.log(torch.tensor(2.0)))
     assert lse2[0, 1, 5] == float("inf")  # its P = 2^(s − ∞) = 0
     assert torch.equal(d, delta)
-    assert torch.all(stats[0, :, 70:] == float("inf")) and torch.all(stats[1, :, 70:] == 0)
-    whole = query_tile_stats(lse[..., :64], delta[..., :64])  # no padding to write
-    assert whole.shape == (2, 6, 64) and torch.equal(whole[1].reshape(2, 3, 64), delta[..., :64])
+    assert torch.all(stats[0, :, n_q:] == float("inf")) and torch.all(stats[1, :, n_q:] == 0)
+    whole = query_tile_stats(lse[..., :block_m], delta[..., :block_m], block_m)  # no padding to write
+    assert whole.shape == (2, 6, block_m) and torch.equal(whole[1].reshape(2, 3, block_m), delta[..., :block_m])
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
@@ -105,12 +108,13 @@ SHAPES = [(1, 1, 1, 1, 1), (2, 4, 2, 300, 300), (1, 3, 1, 200, 517), (1, 2, 2, 5
 
 
 @needs_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
-def test_gradients_match_float64_autograd(shape, causal, dtype):
+def test_gradients_match_float64_autograd(shape, causal, dtype, head_dim):
     batch, heads, kv_heads, n_q, n_k = shape
-    x = random_qkv(batch, heads, n_q, n_k, 128, dtype, "cuda", layout="bnhd")  # strided, as models pass them
+    x = random_qkv(batch, heads, n_q, n_k, head_dim, dtype, "cuda", layout="bnhd")  # strided, as models pass them
     k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
     (out, lse, dq, dk, dv), (ref, rq, rk, rv) = _gradients(x.q, k, v, causal, x.seed)
     assert_close(out, ref, dtype, seed=x.seed)
@@ -137,10 +141,11 @@ def test_dk_and_dv_are_reproducible_bit_for_bit_and_dq_to_its_last_bits():
 
 
 @needs_hopper
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_the_front_door_trains_through_the_hopper_kernels(causal):
+def test_the_front_door_trains_through_the_hopper_kernels(causal, head_dim):
     # Long enough for both Hopper kernels; ragged (4100 = 32 tiles of 128 + 4); grouped-query attention
-    x = random_qkv(1, 4, 4100, 4100, 128, torch.bfloat16, "cuda")
+    x = random_qkv(1, 4, 4100, 4100, head_dim, torch.bfloat16, "cuda")
     k, v = x.k[:, :2], x.v[:, :2]
     assert backward_kernel_for(x.q, k, v, x.q, causal) == "hopper"
     _front_door_gradients_match_float64(x, k, v, causal)
@@ -158,12 +163,13 @@ def _front_door_gradients_match_float64(x, k, v, causal: bool) -> None:
 
 
 @needs_hopper
-@pytest.mark.parametrize("head_dim", [64, 256])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("shape", [(2, 4, 2, 300, 300), (1, 2, 2, 517, 200), (1, 1, 1, 1, 1)],
                          ids=lambda s: "b{}h{}kv{}-nq{}-nk{}".format(*s))
-def test_the_forward_writes_the_log_sum_exp_at_the_other_head_dims(shape, causal, head_dim):
-    # what training at d = 64 or 256 starts from: O and lse (−∞ for rows that see no key)
+def test_the_forward_writes_the_log_sum_exp_at_head_dim_256(shape, causal):
+    # what training at d = 256 starts from (the backward's own head dims check lse in their gradient
+    # test): O and lse (−∞ for rows that see no key)
+    head_dim = 256
     batch, heads, kv_heads, n_q, n_k = shape
     x = random_qkv(batch, heads, n_q, n_k, head_dim, torch.bfloat16, "cuda", layout="bnhd")
     k, v = x.k[:, :kv_heads], x.v[:, :kv_heads]
@@ -179,7 +185,7 @@ def test_the_forward_writes_the_log_sum_exp_at_the_other_head_dims(shape, causal
 
 @needs_hopper
 def test_the_front_door_trains_at_head_dim_256_through_the_hopper_forward():
-    # the Hopper forward (with lse) at d = 256, chapter 6's backward (the Hopper one runs 128 only)
+    # the Hopper forward (with lse) at d = 256, chapter 6's backward (the Hopper one runs 64 and 128 only)
     x = random_qkv(1, 4, 2100, 2100, 256, torch.bfloat16, "cuda")
     k, v = x.k[:, :2], x.v[:, :2]
     from tutorial_kernels.attention import kernel_for
