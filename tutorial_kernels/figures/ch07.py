@@ -332,7 +332,7 @@ def hopper_backward(steps: int = 3) -> go.Figure:
     _boxes(fig, "loader warp", [(0.0, 1.5)] + [(first + period * i - 1.5, first + period * i) for i in range(steps)],
            ["K, V"] + [f"Q, dO<sub>{i}</sub>" for i in range(steps)],
            [f"TMA: the program's {BWD_BLOCK_N} keys and values, once, kept in shared memory"]
-           + [f"TMA: query tile {i}'s Q and dO ({BWD_BLOCK_M} rows each), and its rows' lse and Δ, into stage "
+           + [f"TMA: query tile {i}'s Q and dO ({BWD_BLOCK_M} rows each at d = {BWD_HEAD_DIM}), and its rows' lse and Δ, into stage "
               f"{i % BWD_STAGES} of the ring, as soon as both warpgroups released what it held" for i in range(steps)],
            LOADER_COLOUR, "TMA copy (loader warp)")
     for wg in range(2):
