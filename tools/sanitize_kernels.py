@@ -1,7 +1,7 @@
 """Launch every kernel of the package once, at odd shapes, for NVIDIA's compute-sanitizer to watch.
 
     compute-sanitizer --tool memcheck python3 tools/sanitize_kernels.py TARGET
-    tools/gpu_checks --sanitize                # every target under memcheck and racecheck, a summary
+    tools/gpu_checks --sanitize                # every target under memcheck, racecheck and synccheck, a summary
 
 One target per process, so that a report names its kernel. The shapes are small (the sanitizer
 slows a kernel down by orders of magnitude) and odd: lengths that are not multiples of a tile,
@@ -90,13 +90,14 @@ def ch07_forward():
 
 def ch07_backward():
     from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse
-    from tutorial_kernels.ch07_hopper_backward import flash_attn_hopper_backward
+    from tutorial_kernels.ch07_hopper_backward import HEAD_DIMS, flash_attn_hopper_backward
 
     for causal in (False, True):
-        for shape in ((1, 2, 1, 200, 300), (1, 2, 2, 300, 200)):
-            q, k, v = _qkv(*shape, 128, torch.bfloat16, layout="bnhd")
-            out, lse = flash_attn_hopper_with_lse(q, k, v, causal)
-            flash_attn_hopper_backward(q, k, v, out, lse, torch.randn_like(q), causal)
+        for head_dim in HEAD_DIMS:  # each with its own query tile (ch07_hopper_backward.BLOCK_M_FOR)
+            for shape in ((1, 2, 1, 200, 300), (1, 2, 2, 300, 200)):
+                q, k, v = _qkv(*shape, head_dim, torch.bfloat16, layout="bnhd")
+                out, lse = flash_attn_hopper_with_lse(q, k, v, causal)
+                flash_attn_hopper_backward(q, k, v, out, lse, torch.randn_like(q), causal)
 
 
 TARGETS = {"ch01": ch01, "ch02": ch02, "ch03": ch03, "ch04": ch04, "ch05": ch05, "ch06": ch06,
