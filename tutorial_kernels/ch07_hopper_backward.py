@@ -382,19 +382,20 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 
 
 # --8<-- [start:preferred]
-# Where this backward beats chapter 6's autotuned Triton kernels on the H100, measured side by side
-# (experiments/2026-11-25_backward_profile/compare_phase8.json, "now"): from 4096 keys on, causal or
-# not. At 1024 it is ahead without the mask in float16 and level in bfloat16, and a little behind with
-# it; 2048 was not measured, so the rule stays at the measured 4096. At d = 64 it is ahead at 4096 and
-# 16384 in both dtypes, causal or not (probe_d64_bm128.json), and the same rule applies.
-MIN_KEYS = 4096
+# From how many queries and keys this backward beats chapter 6's autotuned Triton kernels on the H100,
+# per (head_dim, causal), measured side by side with cuDNN (experiments/2026-11-28_backward_min_keys/,
+# 1024 and 2048 tokens; from 4096: experiments/2026-11-25_backward_profile/). At 2048 it is ahead at
+# d = 128 by 0.09–0.13 × cuDNN's speed, causal or not, and at d = 64 without the mask by 0.06–0.09; at
+# d = 64 with it, level in float16 and behind in bfloat16, so causal d = 64 waits for 4096. At 1024 the
+# lead is smaller or gone, and no rule takes it there.
+MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
 
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """Whether these CUDA inputs are long enough for this backward to be the faster (`causal` does
-    not change the answer today; the front door asks with it all the same); whether it can run them
-    is `hopper_backward_unavailable(q, k, v, do)`."""
-    return min(q.shape[2], k.shape[2]) >= MIN_KEYS
+    """Whether these CUDA inputs are long enough for this backward to be the faster (MIN_KEYS_FOR);
+    whether it can run them is `hopper_backward_unavailable(q, k, v, do)`."""
+    min_keys = MIN_KEYS_FOR.get((q.shape[3], bool(causal)))
+    return min_keys is not None and min(q.shape[2], k.shape[2]) >= min_keys
 # --8<-- [end:preferred]
 
 
@@ -476,4 +477,4 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 
 
 __all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "query_tile_stats",
-           "MIN_KEYS", "STAGES", "HEAD_DIMS", "BLOCK_M_FOR", "BLOCK_N", "CONSUMER_REGS"]
+           "MIN_KEYS_FOR", "STAGES", "HEAD_DIMS", "BLOCK_M_FOR", "BLOCK_N", "CONSUMER_REGS"]

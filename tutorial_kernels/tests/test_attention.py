@@ -156,7 +156,11 @@ def test_hopper_takes_the_gluon_kernels_where_they_win():
     narrow = random_qkv(1, 8, 4096, 4096, 64, torch.bfloat16)
     assert backward_kernel_for(narrow.q, narrow.k, narrow.v, narrow.q, True) == "hopper"  # d = 64 as well
     short = random_qkv(1, 8, 1024, 1024, 128, torch.bfloat16)
-    assert backward_kernel_for(short.q, short.k, short.v, short.q, True) == "triton-tuned"  # level or ahead there
+    assert backward_kernel_for(short.q, short.k, short.v, short.q, True) == "triton-tuned"  # no rule takes 1024
+    mid, mid_narrow = (random_qkv(1, 8, 2048, 2048, d, torch.bfloat16) for d in (128, 64))
+    assert backward_kernel_for(mid.q, mid.k, mid.v, mid.q, True) == "hopper"  # ahead at 2048 at d = 128
+    assert backward_kernel_for(mid_narrow.q, mid_narrow.k, mid_narrow.v, mid_narrow.q, False) == "hopper"
+    assert backward_kernel_for(mid_narrow.q, mid_narrow.k, mid_narrow.v, mid_narrow.q, True) == "triton-tuned"
     torch.use_deterministic_algorithms(True)
     try:
         assert backward_kernel_for(x.q, x.k, x.v, x.q, False) == "triton-tuned"  # dQ's atomics: no fixed order

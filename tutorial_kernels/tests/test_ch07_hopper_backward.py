@@ -15,7 +15,7 @@ import torch
 
 from tutorial_kernels.attention import backward_kernel_for, flash_attention
 from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse, hopper_kernel_unavailable
-from tutorial_kernels.ch07_hopper_backward import (HEAD_DIMS, MIN_KEYS, flash_attn_hopper_backward,
+from tutorial_kernels.ch07_hopper_backward import (HEAD_DIMS, MIN_KEYS_FOR, flash_attn_hopper_backward,
                                                    hopper_backward_unavailable, preferred_over_triton, query_tile_stats)
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.testing import assert_close, grad_tolerance, random_qkv, tolerance
@@ -77,15 +77,18 @@ def test_the_loaders_per_query_statistics_are_lse_in_log2_units_and_delta_padded
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
-    # From MIN_KEYS keys and queries on, causal or not (measured: see the constant).
-    def qk(n_q, n_k):
-        return (torch.empty(1, 8, n_q, 128, dtype=torch.bfloat16, device="meta"),
-                torch.empty(1, 8, n_k, 128, dtype=torch.bfloat16, device="meta"))
+    # From MIN_KEYS_FOR[head_dim, causal] keys and queries on (measured: see the constant).
+    def qk(n_q, n_k, head_dim):
+        return (torch.empty(1, 8, n_q, head_dim, dtype=torch.bfloat16, device="meta"),
+                torch.empty(1, 8, n_k, head_dim, dtype=torch.bfloat16, device="meta"))
 
-    for causal in (False, True):
-        assert preferred_over_triton(*qk(MIN_KEYS, MIN_KEYS), causal=causal)
-        assert not preferred_over_triton(*qk(MIN_KEYS - 1, 16384), causal=causal)
-        assert not preferred_over_triton(*qk(16384, MIN_KEYS - 1), causal=causal)
+    assert set(MIN_KEYS_FOR) == {(d, causal) for d in HEAD_DIMS for causal in (False, True)}
+    for (head_dim, causal), min_keys in MIN_KEYS_FOR.items():
+        assert preferred_over_triton(*qk(min_keys, min_keys, head_dim), causal=causal)
+        assert not preferred_over_triton(*qk(min_keys - 1, 16384, head_dim), causal=causal)
+        assert not preferred_over_triton(*qk(16384, min_keys - 1, head_dim), causal=causal)
+    assert MIN_KEYS_FOR[64, True] > MIN_KEYS_FOR[64, False]  # causal d = 64 was level at 2048 (bf16 behind)
+    assert not preferred_over_triton(*qk(16384, 16384, 256), causal=False)  # a head_dim it does not run
     q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
     assert backward_kernel_for(q, q, q, q, False) == "triton-interpreter"
 
