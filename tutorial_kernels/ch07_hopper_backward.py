@@ -387,9 +387,10 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 # 1024 and 2048 tokens; from 4096: experiments/2026-11-25_backward_profile/). At 2048 it is ahead at
 # d = 128 by 0.09–0.13 × cuDNN's speed, causal or not, and at d = 64 without the mask by 0.06–0.09; at
 # d = 64 with it, level in float16 and behind in bfloat16, so causal d = 64 waits for 4096. At 1024 the
-# lead is smaller or gone, and no rule takes it there.
+# only steady lead is d = 128 without the mask (0.03–0.09 in two runs); with the mask it changed sides
+# between runs, and at d = 64 it is mixed. 1024 stays with Triton until the front door's benchmark, which
+# measures 1024, is rerun with it.
 MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
-
 
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Whether these CUDA inputs are long enough for this backward to be the faster (MIN_KEYS_FOR);
