@@ -392,6 +392,7 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 # measures 1024, is rerun with it.
 MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
 
+
 def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
     """Whether these CUDA inputs are long enough for this backward to be the faster (MIN_KEYS_FOR);
     whether it can run them is `hopper_backward_unavailable(q, k, v, do)`."""
