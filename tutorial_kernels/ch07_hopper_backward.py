@@ -382,14 +382,11 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 
 
 # --8<-- [start:preferred]
-# From how many queries and keys this backward beats chapter 6's autotuned Triton kernels on the H100,
-# per (head_dim, causal), measured side by side with cuDNN (experiments/2026-11-28_backward_min_keys/,
-# 1024 and 2048 tokens; from 4096: experiments/2026-11-25_backward_profile/). At 2048 it is ahead at
-# d = 128 by 0.09–0.13 × cuDNN's speed, causal or not, and at d = 64 without the mask by 0.06–0.09; at
-# d = 64 with it, level in float16 and behind in bfloat16, so causal d = 64 waits for 4096. At 1024 the
-# only steady lead is d = 128 without the mask (0.03–0.09 in two runs); with the mask it changed sides
-# between runs, and at d = 64 it is mixed. 1024 stays with Triton until the front door's benchmark, which
-# measures 1024, is rerun with it.
+# From how many queries and keys this backward is the faster of the two on the H100, per (head_dim, causal),
+# both timed side by side (experiments/2026-11-28_backward_min_keys/ at 1024 and 2048 tokens,
+# experiments/2026-11-25_backward_profile/ from 4096): at 2048 it was ahead everywhere except causal
+# attention at d = 64 (level in float16, behind in bfloat16), which waits for 4096; at 1024 its lead was
+# small or none.
 MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
 
 
