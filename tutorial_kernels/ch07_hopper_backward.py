@@ -382,11 +382,11 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 
 
 # --8<-- [start:preferred]
-# From how many queries and keys this backward is faster than chapter 6's autotuned Triton kernels on the
-# H100, per (head_dim, causal), both timed side by side (experiments/2026-11-28_backward_min_keys/ at 1024 and 2048 tokens,
-# experiments/2026-11-25_backward_profile/ from 4096): at 2048 it was ahead everywhere except causal
-# attention at d = 64 (level in float16, behind in bfloat16), which waits for 4096; at 1024 its lead was
-# small or none.
+# From how many queries and keys this backward is faster than chapter 6's autotuned Triton kernels on
+# the H100, per (head_dim, causal), both timed side by side (experiments/2026-11-28_backward_min_keys/
+# at 1024 and 2048 tokens, experiments/2026-11-25_backward_profile/ from 4096): at 2048 it was ahead
+# everywhere except causal attention at d = 64 (level in float16, behind in bfloat16), which waits for
+# 4096; at 1024 its lead was small or none.
 MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
 
 
