@@ -30,6 +30,8 @@ As in PyTorch, a call with `out=` does not support autograd.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
@@ -41,6 +43,9 @@ from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.validation import check_attention_inputs, check_out
 
 MAX_HEAD_DIM = 256
+# CUDA runs at most 65535 programs along a grid's y axis, where every kernel here puts batch × heads:
+# a call with more runs as several calls on slices of the batch (and of the heads, whole groups each)
+MAX_GRID_Y = 65535
 MAX_DECISIONS = 4096  # remembered calls (`flash_attention`); forgotten all at once beyond this
 _DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale, its relaunch, the kernel's own launch key or None)
 # per forward kernel that remembers its launches: (its launch key for a call, the relaunch under that key)
@@ -48,11 +53,20 @@ _RELAUNCHES = {"hopper": (ch07_hopper.remembered_key, ch07_hopper.relaunch_remem
                "triton-tuned": (ch05_flash_v2.remembered_key, ch05_flash_v2.relaunch_remembered)}
 
 
+def _nothing_to_compute(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """No query, or no key (a batch or a sequence of length 0): PyTorch's answer needs no kernel, an
+    empty output, or zeros where queries see no key (their log-sum-exp −∞, their gradients 0)."""
+    return q.numel() == 0 or k.shape[2] == 0
+
+
 def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
                out: torch.Tensor | None = None) -> str:
     """Which forward kernel `flash_attention` runs for these (validated) inputs: "triton-interpreter",
-    "triton-tuned" or "hopper", for inference and training alike (training adds the log-sum-exp). The
-    Hopper kernel writes `out` with its head dimension contiguous, so another layout of `out` goes to Triton."""
+    "triton-tuned" or "hopper", for inference and training alike (training adds the log-sum-exp), or
+    "none" for a problem with no query or no key. The Hopper kernel writes `out` with its head
+    dimension contiguous, so another layout of `out` goes to Triton."""
+    if _nothing_to_compute(q, k):
+        return "none"
     if not q.is_cuda:
         return "triton-interpreter"
     if (preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None
@@ -64,7 +78,10 @@ def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, 
 def backward_kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> str:
     """Which backward `flash_attention`'s gradients run: "hopper" (chapter 7's Gluon kernel),
     "triton-tuned" or "triton-interpreter" (chapter 6's kernels). Under
-    `torch.use_deterministic_algorithms(True)` never "hopper": its dQ sums in no fixed order."""
+    `torch.use_deterministic_algorithms(True)` never "hopper": its dQ sums in no fixed order. "none"
+    without a query or a key."""
+    if _nothing_to_compute(q, k):
+        return "none"
     if not q.is_cuda:
         return "triton-interpreter"
     if (not torch.are_deterministic_algorithms_enabled()
@@ -77,7 +94,9 @@ def backward_kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: t
 # --8<-- [start:custom_ops]
 def _launch(kernel: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
             sm_scale: float) -> None:
-    if kernel == "hopper":
+    if kernel == "none":
+        out.zero_()  # no key: every query's output is 0, as in PyTorch (and nothing to write without a query)
+    elif kernel == "hopper":
         flash_attn_hopper(q, k, v, causal, sm_scale, out=out)  # Hopper, FA3's schedule (chapter 7)
     elif kernel == "triton-tuned":
         flash_attn_v2_tuned(q, k, v, causal, sm_scale, out=out)  # autotuned per shape bucket (chapter 5)
@@ -105,7 +124,10 @@ def _(q, k, v, out, causal, sm_scale):
 def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Training forward: (O (B, H, n_q, d), lse (B, H, n_q) float32, log Σ_j e^{S_ij})."""
-    if kernel_for(q, k, v, causal) == "hopper":
+    kernel = kernel_for(q, k, v, causal)
+    if kernel == "none":
+        return q.new_zeros(q.shape), q.new_full(q.shape[:3], -math.inf, dtype=torch.float32)
+    if kernel == "hopper":
         return flash_attn_hopper_with_lse(q, k, v, causal, sm_scale)
     return flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=q.is_cuda)
 
@@ -122,14 +144,20 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     """(dQ, dK, dV) from dO and the forward's O and log-sum-exp (`backward_kernel_for` says whose)."""
     # dO arrives with whatever strides autograd built (stride 0 after .sum()): a dense copy reads faster
     do = do.contiguous()
-    if backward_kernel_for(q, k, v, do, causal) == "hopper":
+    kernel = backward_kernel_for(q, k, v, do, causal)
+    if kernel == "none":  # O does not depend on q, k or v
+        return q.new_zeros(q.shape), k.new_zeros(k.shape), v.new_zeros(v.shape)
+    if kernel == "hopper":
         return ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, causal, sm_scale)
     return flash_attn_backward(q, k, v, o, lse, do, causal, sm_scale, tuned=q.is_cuda)
 
 
 @_attention_bwd.register_fake
 def _(do, q, k, v, o, lse, causal, sm_scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    # every backward returns new contiguous gradients, whatever the strides of q, k and v (a model's
+    # (B, N, H, d) projections seen as (B, H, N, d)): the fake must say the same, or torch.compile's
+    # checks fail on the real strides
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -157,6 +185,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H (grouped-query attention);
     16 ≤ d ≤ 256; any strides; float16, bfloat16 or float32, all three alike; on a CUDA GPU or the CPU.
+    B, n_q and n_k may be 0: PyTorch's answer, an empty output, or zeros for queries without keys.
     causal: the mask aligned to the bottom-right corner. sm_scale: default 1/√d.
     out: a (B, H, n_q, d) tensor to write into (any dense layout); not with autograd, as in PyTorch.
     Raises TypeError / ValueError naming the argument for inputs outside this contract.
@@ -164,6 +193,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if torch.compiler.is_compiling():  # traced once: the operators go into the graph
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
+        if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+            return _in_slices(q, k, v, causal, scale, out)
         if training:
             return _attention_fwd(q, k, v, bool(causal), scale)[0]
         out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
@@ -175,6 +206,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     decision = _DECISIONS.get(key) if key is not None else None
     if decision is None:
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
+        if q.shape[0] * q.shape[1] > MAX_GRID_Y:  # not remembered: each slice's call is
+            return _in_slices(q, k, v, causal, scale, out)
         decision = ("train" if training else kernel_for(q, k, v, causal, out=out), scale, None, None)
         if key is not None:
             if len(_DECISIONS) >= MAX_DECISIONS:
@@ -196,9 +229,32 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return out
 
 
+def _in_slices(q, k, v, causal: bool, sm_scale: float, out) -> torch.Tensor:
+    """`flash_attention` on (validated) inputs whose batch × heads exceeds MAX_GRID_Y: the same call on
+    slices of the batch, and of the heads (in whole groups of query heads sharing a key/value head)
+    where the heads alone exceed it, each within the limit; the slices' outputs joined."""
+    batch, heads = q.shape[:2]
+    group = heads // k.shape[1]
+    heads_per = min(heads, MAX_GRID_Y // group * group)
+    if heads_per == 0:
+        raise ValueError(f"q: {group} query heads per key/value head is more than one launch runs "
+                         f"({MAX_GRID_Y}), got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    batch_per = max(1, MAX_GRID_Y // heads_per)
+    rows = []
+    for b in range(0, batch, batch_per):
+        bs = slice(b, b + batch_per)
+        parts = [flash_attention(q[bs, h:h + heads_per], k[bs, h // group:(h + heads_per) // group],
+                                 v[bs, h // group:(h + heads_per) // group], causal, sm_scale,
+                                 out=None if out is None else out[bs, h:h + heads_per])
+                 for h in range(0, heads, heads_per)]
+        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, dim=1))
+    return out if out is not None else torch.cat(rows, dim=0)
+
+
 def _checked_scale(q, k, v, causal, sm_scale, out, training: bool) -> float:
     """The full checks of a call (raising TypeError / ValueError naming the argument); its scale."""
-    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=MAX_HEAD_DIM, allow_gqa=True)
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=MAX_HEAD_DIM, allow_gqa=True,
+                                   allow_empty=True)
     if out is not None:
         if training:
             raise RuntimeError("flash_attention(): functions with out=... arguments don't support automatic "
@@ -248,7 +304,8 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if query.dim() == 3:  # (N, L, E): one head
         q, k, v = query.unsqueeze(1), key.unsqueeze(1), value.unsqueeze(1)
     else:  # (..., H, L, E): the leading dimensions as one batch
-        q, k, v = (t.reshape(-1, *t.shape[-3:]) for t in (query, key, value))
+        # (the batch's size written out: -1 cannot be inferred for a tensor with no elements)
+        q, k, v = (t.reshape(math.prod(t.shape[:-3]), *t.shape[-3:]) for t in (query, key, value))
     if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError(f"key: {k.shape[1]} key/value heads for {q.shape[1]} query heads needs enable_gqa=True, "
                          "as in PyTorch")

@@ -189,9 +189,12 @@ def _dq_from_key_tiles(
     k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
     offs_m, offs_d, n_q, n_k, head_dim, qk_scale,
     lo, hi,
-    MASKED: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
-    """Add the key tiles [lo, hi) to dQ_i. Keys past n_k load K = V = 0: their dS·K adds 0."""
+    """Add the key tiles [lo, hi) to dQ_i. MASKED=True is for the tiles that cross the causal diagonal
+    or run past n_k: keys past n_k load K = V = 0, which still gives them P = e^{0 − lse}, as large as
+    e^{−lse} (it overflows float16 when a row's lse is very negative, and ∞ · 0 = NaN), so they are
+    masked to P = 0 like the hidden ones."""
     d_ok = offs_d < head_dim
     for start_n in range(lo, hi, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -201,7 +204,10 @@ def _dq_from_key_tiles(
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
         p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}
         if MASKED:
-            visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
+            if CAUSAL:  # (a key past n_k is visible only to rows past n_q, whose P is 0 already)
+                visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
+            else:
+                visible = offs_n[None, :] < n_k  # the ragged end of the keys
             p = tl.where(visible, p, 0.0)
         dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO_i V_jᵀ
         ds = p * (dp - delta[:, None])  # dS = P ∘ (dP − Δ)
@@ -247,14 +253,14 @@ def _attn_bwd_dq_kernel(
     if CAUSAL:
         unmasked_end, masked_end = causal_key_stages(pid_m * BLOCK_M, n_q, n_k, BLOCK_M, BLOCK_N)
     else:
-        unmasked_end = n_k  # no causal mask; the ragged end is zero-padded
-        masked_end = n_k
+        unmasked_end = n_k // BLOCK_N * BLOCK_N  # whole tiles: no mask
+        masked_end = n_k  # the ragged last tile, if any: keys past n_k masked
     dq = _dq_from_key_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                             offs_m, offs_d, n_q, n_k, head_dim, qk_scale, 0, unmasked_end,
-                            MASKED=False, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
+                            MASKED=False, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     dq = _dq_from_key_tiles(dq, q, do, lse2, delta, k_src, v_src, stride_kn, stride_kd, stride_vn, stride_vd,
                             offs_m, offs_d, n_q, n_k, head_dim, qk_scale, unmasked_end, masked_end,
-                            MASKED=True, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
+                            MASKED=True, CAUSAL=CAUSAL, BLOCK_N=BLOCK_N, DOT_PRECISION=DOT_PRECISION)
     dq = dq * sm_scale  # dQ = τ dS K
     tl.store(dq_ptr + batch * stride_dqb + head * stride_dqh + offs_m[:, None] * stride_dqm
              + offs_d[None, :] * stride_dqd, dq.to(dq_ptr.dtype.element_ty), mask=qd_mask)

@@ -62,11 +62,13 @@ def check_attention_inputs(
     max_head_dim: int = 128,
     runs_triton: bool = True,
     allow_gqa: bool = False,
+    allow_empty: bool = False,
 ) -> AttentionShape:
     """Validate the arguments of `fn(q, k, v, causal, sm_scale)` and return the problem's sizes.
 
     `runs_triton=False` is for plain-PyTorch implementations, which run on any device and dtype.
     `allow_gqa=True` accepts k and v with fewer heads than q, as long as their count divides q's.
+    `allow_empty=True` accepts a batch or a sequence length of 0 (the caller answers as PyTorch does).
     """
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
@@ -106,7 +108,7 @@ def check_attention_inputs(
         raise ValueError(f"k's head_dim must equal q's ({head_dim}), got {k.shape[3]}")
     n_k = k.shape[2]
     for name, size in (("batch", batch), ("heads", heads), ("q's seq length", n_q), ("k's seq length", n_k)):
-        if size < 1:
+        if size < 1 and not (allow_empty and name != "heads"):
             raise ValueError(f"{name} must be at least 1, got {size} (q {tuple(q.shape)}, k {tuple(k.shape)})")
     if not min_head_dim <= head_dim <= max_head_dim:
         raise UnsupportedShape(

@@ -89,7 +89,7 @@ def _lab_dq_kernel(
     if CAUSAL:  # the forward's two stages (chapter 5): whole visible tiles, then the diagonal's tiles
         unmasked_end, masked_end = causal_key_stages(start_m, n_q, n_k, BLOCK_M, BLOCK_N)
     else:
-        unmasked_end = n_k  # no causal mask; keys past n_k load K = V = 0 and add 0
+        unmasked_end = n_k  # no causal mask; keys past n_k get P = 0 below
         masked_end = n_k
     for start_n in range(0, masked_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -101,6 +101,8 @@ def _lab_dq_kernel(
             p = RECOMPUTE_P(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, False)
         else:
             p = RECOMPUTE_P(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, True)
+        # keys past n_k load as 0 but would still get P = e^{−lse}: huge where lse is very negative
+        p = tl.where(offs_n[None, :] < n_k, p, 0.0)
         dq = UPDATE(dq, p, do, k, v, delta, DOT_PRECISION)
     dq = dq * sm_scale  # dQ = τ dS K: τ once, at the end
     tl.store(dq_ptr + head * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :],

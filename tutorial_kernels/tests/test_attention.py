@@ -168,3 +168,110 @@ def test_hopper_takes_the_gluon_kernels_where_they_win():
         torch.use_deterministic_algorithms(False)
     assert_close(flash_attention(x.q, x.k, x.v, True), reference_attention(x.q, x.k, x.v, True), torch.bfloat16,
                  seed=x.seed)
+
+
+# --- what the peers' suites found (issue: flash-attn's and PyTorch's test cases) ------------------------
+
+
+def _model_layout_qkv(batch, n, heads, head_dim, dtype, seed=0):
+    """q, k, v as a model makes them: one projection, viewed (B, N, H, d), transposed to (B, H, N, d)."""
+    gen = torch.Generator(device=default_device()).manual_seed(seed)
+    x = torch.randn(batch, n, heads * head_dim, generator=gen, device=default_device()).to(dtype)
+    w = (torch.randn(3, heads * head_dim, heads * head_dim, generator=gen, device=default_device())
+         / (heads * head_dim) ** 0.5).to(dtype)
+    return [(x @ w[i]).view(batch, n, heads, head_dim).transpose(1, 2).detach().requires_grad_() for i in range(3)]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager"] + (["inductor"] if ON_GPU else []))
+def test_torch_compile_trains_on_a_models_transposed_projections(backend):
+    """fullgraph=True with gradients, q, k, v (B, N, H, d) memory seen as (B, H, N, d): the fake
+    implementations' strides must be the real kernels' (they were not: the backward failed to compile)."""
+    torch._dynamo.reset()
+    dtype = torch.bfloat16 if ON_GPU else torch.float32
+    n = 300 if ON_GPU else 40
+    q, k, v = _model_layout_qkv(2, n, 4, 64 if ON_GPU else 16, dtype)
+    compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), fullgraph=True, backend=backend)
+    compiled(q, k, v).float().square().sum().backward()
+    grads = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    flash_attention(q, k, v, causal=True).float().square().sum().backward()
+    for name, got, t in zip(("dq", "dk", "dv"), grads, (q, k, v)):
+        torch.testing.assert_close(got, t.grad, msg=lambda m: f"{name}: {m}")
+
+
+def test_the_backward_operator_passes_opcheck_on_transposed_inputs():
+    """The gradients' fake strides, checked by torch.library on (B, N, H, d) views, GQA included."""
+    from tutorial_kernels.attention import _attention_bwd, _attention_fwd  # noqa: PLC2701 (the ops under test)
+
+    x = random_qkv(2, 4, 9, 12, 16, torch.float32, layout="bnhd")
+    q, k, v = x.q, x.k[:, :2], x.v[:, :2]
+    o, lse = _attention_fwd(q, k, v, False, 0.25)
+    do = torch.randn_like(q).transpose(2, 3).contiguous().transpose(2, 3)  # dO in yet another layout
+    for causal in (False, True):
+        torch.library.opcheck(_attention_fwd, (q, k, v, causal, 0.25))
+        torch.library.opcheck(_attention_bwd, (do, q, k, v, o, lse, causal, 0.25))
+
+
+@pytest.mark.parametrize("n_q, n_k", [(0, 5), (5, 0), (0, 0)], ids=["no-query", "no-key", "neither"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_empty_sequences_give_pytorchs_answer(n_q, n_k, causal):
+    """A sequence of length 0: an empty output (no query) or zeros (no key), with zero gradients, as
+    torch's SDPA returns; `out=` is written (zeros) or left empty."""
+    x = random_qkv(2, 2, max(n_q, 1), max(n_k, 1), 16, torch.float32)
+    q, k, v = (t[:, :, :n].detach().requires_grad_() for t, n in ((x.q, n_q), (x.k, n_k), (x.v, n_k)))
+    o = flash_attention(q, k, v, causal)
+    want = F.scaled_dot_product_attention(q.detach().cpu(), k.detach().cpu(), v.detach().cpu())
+    assert o.shape == (2, 2, n_q, 16) and torch.equal(o.detach().cpu(), want)
+    o.sum().backward()
+    for t in (q, k, v):
+        assert t.grad is not None and t.grad.shape == t.shape and not t.grad.any()
+    out = poisoned((2, 2, n_q, 16), torch.float32, q.device)
+    assert flash_attention(q.detach(), k.detach(), v.detach(), causal, out=out) is out and not out.any()
+    got = scaled_dot_product_attention(q.detach(), k.detach(), v.detach(), is_causal=causal and n_q == n_k)
+    assert got.shape == want.shape and torch.equal(got.cpu(), want)
+
+
+def test_an_empty_batch_gives_an_empty_output():
+    x = random_qkv(1, 2, 5, 5, 16, torch.float32)
+    q, k, v = (t[:0] for t in (x.q, x.k, x.v))
+    assert flash_attention(q, k, v, True).shape == (0, 2, 5, 16)
+    assert scaled_dot_product_attention(q, k, v).shape == (0, 2, 5, 16)
+
+
+def test_more_programs_than_a_grid_axis_holds_run_in_slices(monkeypatch):
+    """batch × heads past CUDA's 65535 programs on grid axis 1 runs as slices that fit: the same
+    numbers, bit for bit, as one launch (here with the limit lowered to 4 and to 2, so that the batch
+    and then the heads, in whole groups, are sliced)."""
+    import tutorial_kernels.attention as front
+
+    x = random_qkv(3, 4, 20, 20, 16, torch.float32)
+    q, k, v = x.q, x.k[:, :2], x.v[:, :2]  # grouped-query: 2 query heads per key/value head
+    do = torch.randn_like(q)
+    whole = _grads(lambda q, k, v: flash_attention(q, k, v, True), q, k, v, do)
+    with torch.no_grad():
+        whole_out = flash_attention(q, k, v, True)
+    widest = []
+    launch = front._launch
+    monkeypatch.setattr(front, "_launch", lambda kernel, q, *a: (widest.append(q.shape[0] * q.shape[1]),
+                                                                 launch(kernel, q, *a))[1])
+    for limit in (4, 2):
+        monkeypatch.setattr(front, "MAX_GRID_Y", limit)
+        sliced = _grads(lambda q, k, v: flash_attention(q, k, v, True), q, k, v, do)
+        for name, got, want in zip(("out", "dq", "dk", "dv"), sliced, whole):
+            assert torch.equal(got, want), f"{name} differs when sliced at {limit}; seed={x.seed}"
+        out = poisoned(tuple(q.shape), q.dtype, q.device)
+        with torch.no_grad():
+            assert flash_attention(q, k, v, True, out=out) is out and torch.equal(out, whole_out)
+        assert max(widest) <= limit, widest
+        widest.clear()
+
+
+@pytest.mark.gpu("a grid past 65535 programs")
+def test_pytorchs_largest_batch_runs():
+    """PyTorch's own test: batch 65536 × 2 heads, more programs than grid axis 1 holds."""
+    x = random_qkv(65536, 2, 8, 8, 16, torch.float16)
+    o = flash_attention(x.q, x.k, x.v)
+    torch.cuda.synchronize()
+    assert_close(o[-3:], reference_attention(x.q[-3:], x.k[-3:], x.v[-3:]), torch.float16, seed=x.seed)
+    assert_close(o[:3], reference_attention(x.q[:3], x.k[:3], x.v[:3]), torch.float16, seed=x.seed)
