@@ -15,6 +15,8 @@ bench → figures → this package's own API and the test harness (testing).
 For a model, the front door: `flash_attention(q, k, v, causal=False, sm_scale=None, *, out=None)`,
 differentiable, and `scaled_dot_product_attention(...)` with PyTorch's arguments and semantics; both
 pick the fastest kernel of the tutorial that is correct for the inputs and work under torch.compile.
+Their Triton kernels take their tiles from a table measured per GPU; `tune(q, k, v, causal)` measures
+this GPU's at one shape instead (`tutorial_kernels.tuning`).
 """
 
 from tutorial_kernels.runtime import choose_execution_mode
@@ -25,6 +27,7 @@ choose_execution_mode()
 from tutorial_kernels.attention import flash_attention, scaled_dot_product_attention  # noqa: E402
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention  # noqa: E402
 from tutorial_kernels.reference import reference_attention  # noqa: E402
+from tutorial_kernels.tuning import tune  # noqa: E402
 
 __all__ = ["flash_attention", "scaled_dot_product_attention", "eager_attention", "naive_attention",
-           "reference_attention"]
+           "reference_attention", "tune"]

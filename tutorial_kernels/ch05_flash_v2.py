@@ -16,8 +16,9 @@ The loop order of chapter 3's online-softmax attention, made complete and fast:
   alignment), any head_dim from 16 to 256, any strides, float16 / bfloat16 / float32.
 
 Two launchers share the kernel: `flash_attn_v2` with one fixed, readable configuration (the
-teaching version), and `flash_attn_v2_tuned`, which lets Triton's autotuner pick tile sizes, warps
-and pipeline depth per shape on the GPU.
+teaching version), and `flash_attn_v2_tuned`, which launches with the tile sizes, warps and pipeline
+depth measured fastest for the shape on this GPU (the tile table, `perf.tile_table`; Triton's
+autotuner where asked for, `tutorial_kernels.tune`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels import recorder
+from tutorial_kernels.perf import tile_table
 from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.perf.descriptors import rows_describable, use_descriptor_scratch
 from tutorial_kernels.perf.launch_plan import attention_call_key
@@ -461,8 +463,31 @@ def _allowed_loads(configs, named_args, **kwargs):
     return [c for c in configs if c.kwargs["USE_DESCRIPTORS"] in allowed]
 
 
-# Tuned once per (length bucket, head_dim, causal, dtype, load choice), not per exact length: a new
-# sequence length reuses the choice made for its power-of-two bucket.
+def _table_kernel(with_lse: bool) -> str:
+    return "flash_v2_fwd_lse" if with_lse else "flash_v2_fwd"
+
+
+def _table_rule(key) -> dict | None:
+    """The tile table's configuration for a tuning key (`_prepare`'s): the fastest, or the fastest
+    with the loads the launch allows; for the training forward (with the log-sum-exp) the inference
+    forward's where the table has no row of its own."""
+    length_bucket, head_dim, causal, _, load_choice, dtype, with_lse = key
+    which = {POINTERS_ONLY: "pointers", DESCRIPTORS_ONLY: "descriptors", EITHER: "best"}[load_choice]
+    return (tile_table.rule(_table_kernel(with_lse), head_dim, causal, dtype, length_bucket, which)
+            or tile_table.rule(_table_kernel(False), head_dim, causal, dtype, length_bucket, which))
+
+
+def _teaching_fallback(key) -> dict:
+    return dict(USE_DESCRIPTORS=key[4] == DESCRIPTORS_ONLY) | teaching_config(key[1], key[5])
+
+
+def _record_tuned(key, best, timings) -> None:
+    length_bucket, head_dim, causal, _, _, dtype, with_lse = key
+    tile_table.record_tuned(_table_kernel(with_lse), head_dim, causal, dtype, length_bucket, best, timings)
+
+
+# One configuration per (length bucket, head_dim, causal, dtype, load choice), not per exact length:
+# the tile table's (`perf.tile_table`), or the autotuner's where asked for (`tutorial_kernels.tune`).
 TUNED = TunedKernel(
     _flash_v2_fwd_kernel,
     [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "USE_DESCRIPTORS": tma}, num_warps=w, num_stages=s)
@@ -471,6 +496,7 @@ TUNED = TunedKernel(
     prune=_allowed_loads,
     # descriptors made in a kernel need scratch memory, on a GPU (the interpreter makes none)
     makes_descriptors=lambda config: config.kwargs["USE_DESCRIPTORS"] and not interpreter_active(),
+    rule=_table_rule, fallback=_teaching_fallback, on_tuned=_record_tuned,
 )
 
 
@@ -503,11 +529,13 @@ def flash_attn_v2_tuned(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, sm_scale: float | None = None,
     *, out: torch.Tensor | None = None, descriptors: bool | None = None,
 ) -> torch.Tensor:
-    """The same kernel with tile sizes, warps, pipeline depth and the way K/V tiles are loaded
-    autotuned per shape on the GPU (the first call at a new shape bucket pays for the tuning).
-    With `descriptors=None` the autotuner may fetch K/V through tensor descriptors (TMA on Hopper)
-    when k and v are contiguous float16/bfloat16 CUDA tensors with 16-byte rows, and keeps whichever
-    is faster; `descriptors=False` forces pointer loads, `True` descriptors. Contract as `flash_attn_v2`."""
+    """The same kernel with tile sizes, warps, pipeline depth and the way K/V tiles are loaded chosen
+    per shape bucket on the GPU: from the tile table measured for this GPU (`perf.tile_table`), or by
+    Triton's autotuner inside `tile_table.autotuning()` / with TUTORIAL_KERNELS_AUTOTUNE=1 (the first
+    call at a new bucket then pays for the timing). With `descriptors=None` K/V may come through tensor
+    descriptors (TMA on Hopper) when k and v are contiguous float16/bfloat16 CUDA tensors with 16-byte
+    rows, whichever was measured faster; `descriptors=False` forces pointer loads, `True` descriptors.
+    Contract as `flash_attn_v2`."""
     return _launch_tuned(q, k, v, causal, sm_scale, out, descriptors=descriptors)[0]
 
 

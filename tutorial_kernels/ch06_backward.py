@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
+from tutorial_kernels.perf import tile_table
 from tutorial_kernels.perf.autotune import TunedKernel
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.precision import autotunes, dot_precision, tiles_for
@@ -286,20 +287,28 @@ def _configs(tiles) -> list[triton.Config]:
 # chip and streams query tiles past it, so it favours a wide BLOCK_N and a narrow BLOCK_M; the dQ
 # kernel is the mirror image. Configs that do not fit (d = 256) fail to compile and are skipped.
 _TUNE_KEY = ["length_bucket", "head_dim", "CAUSAL", "BLOCK_D"]
-TUNED_DKDV = TunedKernel(
-    _attn_bwd_dkdv_kernel,
-    _configs([(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 2), (32, 32, 4, 2)]),
-    key=_TUNE_KEY,
-)
-TUNED_DQ = TunedKernel(
-    _attn_bwd_dq_kernel,
-    _configs([(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2), (32, 32, 4, 2)]),
-    key=_TUNE_KEY,
-)
+
+
+def _by_table(kernel: str) -> dict:
+    """A tuned kernel's rule (the tile table's row for its tuning key), fallback (the teaching
+    configuration) and record of an autotuner choice. Tuning key: (length bucket, head_dim, causal,
+    BLOCK_D, dtype), `flash_attn_backward`'s."""
+    return dict(
+        rule=lambda key: tile_table.rule(kernel, key[1], key[2], key[4], key[0]),
+        fallback=lambda key: _backward_config(key[1], key[4]),
+        on_tuned=lambda key, best, timings: tile_table.record_tuned(kernel, key[1], key[2], key[4], key[0], best,
+                                                                    timings),
+    )
+
+
+DKDV_TILES = [(32, 128, 4, 3), (64, 128, 8, 3), (32, 64, 4, 3), (64, 64, 4, 3), (16, 64, 4, 2), (32, 32, 4, 2)]
+DQ_TILES = [(128, 32, 4, 3), (128, 64, 8, 3), (64, 64, 4, 3), (64, 32, 4, 3), (64, 16, 4, 2), (32, 32, 4, 2)]
+TUNED_DKDV = TunedKernel(_attn_bwd_dkdv_kernel, _configs(DKDV_TILES), key=_TUNE_KEY, **_by_table("flash_v2_bwd_dkdv"))
+TUNED_DQ = TunedKernel(_attn_bwd_dq_kernel, _configs(DQ_TILES), key=_TUNE_KEY, **_by_table("flash_v2_bwd_dq"))
 
 
 def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> dict | None:
-    """The configurations the autotuner settled on for these inputs (after a tuned backward), for reports."""
+    """The configurations chosen for these inputs (after a tuned backward), for reports."""
     bucket = triton.next_power_of_2(max(q.shape[2], k.shape[2]))
     chosen = {name: tuned.choice_for(bucket, q.shape[3], causal, dtype=q.dtype)
               for name, tuned in (("dkdv", TUNED_DKDV), ("dq", TUNED_DQ))}
@@ -321,7 +330,8 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
                         configs: tuple[triton.Config, triton.Config] | None = None):
     """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp.
 
-    tuned=True lets Triton's autotuner pick each kernel's tiles per shape on the GPU; tuned=False
+    tuned=True takes each kernel's tiles per shape bucket from the tile table of this GPU (Triton's
+    autotuner's where asked for: `perf.tile_table`); tuned=False
     runs the one teaching configuration of `_backward_config`, or `configs` = (dK/dV's, dQ's)."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     if do.shape != q.shape or do.dtype != q.dtype:
@@ -335,7 +345,7 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     lse = lse.contiguous()  # (B, H, n_q), indexed as one row per (batch, head)
 
     delta = attention_delta(o, do)
-    length_bucket = triton.next_power_of_2(max(n_q, n_k))  # a key for the autotuner only
+    length_bucket = triton.next_power_of_2(max(n_q, n_k))  # a key for the tile table and the autotuner only
     common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E,
               length_bucket)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv,
@@ -391,8 +401,8 @@ def flash_attention(
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d) with H_kv dividing H; 16 ≤ d ≤ 256; any strides;
     float16, bfloat16 or float32. Causal masks are bottom-right aligned (chapter 2's convention).
-    tuned=False (as in every chapter) runs the teaching configurations; tuned=True autotunes the forward
-    and both backward kernels per shape on the GPU. A model calls `tutorial_kernels.flash_attention`,
+    tuned=False (as in every chapter) runs the teaching configurations; tuned=True takes the forward's
+    and both backward kernels' configurations per shape bucket from the tile table (`perf.tile_table`). A model calls `tutorial_kernels.flash_attention`,
     which chooses for it.
     """
     check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
@@ -402,4 +412,4 @@ def flash_attention(
 
 
 __all__ = ["flash_attention", "flash_attn_backward", "attention_delta", "FlashAttentionFunction", "tuned_backward_choice",
-           "TUNED_DKDV", "TUNED_DQ"]
+           "TUNED_DKDV", "TUNED_DQ", "DKDV_TILES", "DQ_TILES"]

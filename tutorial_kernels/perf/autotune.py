@@ -1,21 +1,22 @@
-"""A kernel launched with the configuration Triton's autotuner chose for it, without asking again.
+"""A kernel launched with the configuration chosen for its tuning key, by rule or by the autotuner.
 
-`triton.autotune` picks, per key, the fastest of its candidate configurations (tile sizes, warps,
-pipeline stages) by timing each one; candidates that do not fit (shared memory, registers) fail to
-compile and are skipped. It then rebuilds its key from all of the kernel's arguments on every
-call, Python work that costs about as much as the launch itself, and a model pays it in every
-layer. `TunedKernel` asks the autotuner once per tuning key, keeps its choice (`choices`), and
-launches later calls with it directly; a call that also has a launch key (`perf.launch_plan`) is
-remembered there (`plans`) and relaunched without Triton's dispatch next time.
+`TunedKernel` takes, for each new tuning key, the configuration (tile sizes, warps, pipeline stages)
+that its `rule` gives — the tile table measured for this GPU (`perf.tile_table`), one compilation, no
+timing — or, where autotuning is asked for (`tile_table.autotuning_requested`), the one `triton.autotune`
+finds by timing every candidate. It keeps the choice (`choices`) and launches later calls with it
+directly: the autotuner would rebuild its key from all of the kernel's arguments on every call, Python
+work that costs about as much as the launch itself, paid in every layer of a model. A call that also
+has a launch key (`perf.launch_plan`) is remembered there (`plans`) and relaunched without Triton's
+dispatch next time.
 
-Two things a user would otherwise pay for at every new shape:
-* the timing itself, in every new process: the autotuner keeps its timings on disk
-  (`cache_results=True`, in Triton's cache directory, keyed by Triton's version, the GPU's target,
-  the kernel's source, the tuning key and the candidates), so a shape tuned once is not timed again;
-* the noise of a candidate that fails to compile: the autotuner drops it (infinite time), but the
-  compiler's reproducer and ptxas's own output reach the terminal. `quiet_tuning` sends everything
-  written to the process's stderr during a tuning pass to the `tutorial_kernels.perf.autotune`
-  logger instead, once, at debug level.
+When autotuning:
+* the timings stay on disk (`cache_results=True`, in Triton's cache directory, keyed by Triton's
+  version, the GPU's target, the kernel's source, the tuning key and the candidates), so a shape tuned
+  once is not timed again, and `on_tuned` hands the choice and its timings to the tile table;
+* a candidate that fails to compile is dropped (infinite time), but the compiler's reproducer and
+  ptxas's own output would reach the terminal: `quiet_tuning` sends everything written to the
+  process's stderr during a tuning pass to the `tutorial_kernels.perf.autotune` logger instead, once,
+  at debug level.
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ import tempfile
 from collections.abc import Callable, Hashable, Iterator, Sequence
 
 import triton
+from triton.runtime.errors import OutOfResources
 
+from tutorial_kernels.perf import tile_table
 from tutorial_kernels.perf.descriptors import use_descriptor_scratch
 from tutorial_kernels.perf.launch_plan import LaunchPlans
 
@@ -63,10 +66,17 @@ class TunedKernel:
 
     `prune(configs, named_args, **kwargs)` may drop candidates per call (Triton's early_config_prune).
     `makes_descriptors(config)` says whether a launch with `config` builds tensor descriptors in the
-    kernel, which need scratch memory set up in the launching thread before every launch."""
+    kernel, which need scratch memory set up in the launching thread before every launch.
+    `rule(tuning_key)` gives a configuration's keyword arguments (the tile table's) or None, and
+    `fallback(tuning_key)` the one that fits every GPU (the teaching configuration): used where the
+    rule has none, or its choice does not fit this GPU. `on_tuned(tuning_key, config, timings)` hears
+    of each autotuner choice (timings: {config: [median, 20th, 80th percentile ms]}, or None)."""
 
     def __init__(self, kernel, configs: Sequence[triton.Config], key: list[str], *,
-                 prune: Callable | None = None, makes_descriptors: Callable[[triton.Config], bool] = lambda c: False):
+                 prune: Callable | None = None, makes_descriptors: Callable[[triton.Config], bool] = lambda c: False,
+                 rule: Callable[[Hashable], dict | None] = lambda key: None,
+                 fallback: Callable[[Hashable], dict] | None = None,
+                 on_tuned: Callable[[Hashable, triton.Config, dict | None], None] | None = None):
         self.kernel = kernel
         self.autotuner = triton.autotune(
             configs=list(configs), key=key, cache_results=True,  # timings kept on disk across processes
@@ -76,6 +86,21 @@ class TunedKernel:
         self.plans = LaunchPlans(kernel)  # launch key → a remembered launch
         self._makes_descriptors = makes_descriptors
         self._plans_with_descriptors: set[Hashable] = set()
+        self._rule, self._fallback, self._on_tuned = rule, fallback, on_tuned
+
+    def forget(self) -> None:
+        """Drop every choice and remembered launch (after the tile table changed)."""
+        self.choices.clear()
+        self.plans = LaunchPlans(self.kernel)
+        self._plans_with_descriptors.clear()
+
+    def _by_rule(self, tuning_key: Hashable) -> triton.Config:
+        chosen = self._rule(tuning_key)
+        if chosen is None:
+            if self._fallback is None:
+                raise LookupError(f"{self.kernel.__name__}: no configuration for {tuning_key}")
+            chosen = self._fallback(tuning_key)
+        return _as_config(chosen)
 
     @property
     def configs(self) -> list[triton.Config]:
@@ -95,11 +120,29 @@ class TunedKernel:
         call with a tuning key lets the autotuner time its candidates and keeps what it picks.
         `grid(meta)` gets the launch's meta-parameters (BLOCK_M, ...). Remembered under `plan` unless None."""
         chosen = self.choices.get(tuning_key)
-        if chosen is None:
+        if chosen is None and tile_table.autotuning_requested():
+            self.autotuner.configs_timings = None
             with quiet_tuning(f"{self.kernel.__name__} at {tuning_key}"):
                 self.autotuner[grid](*args, **constexprs)
             self.choices[tuning_key] = self.autotuner.best_config
+            if self._on_tuned is not None:
+                self._on_tuned(tuning_key, self.autotuner.best_config, self.autotuner.configs_timings)
             return
+        by_rule = chosen is None
+        if by_rule:
+            chosen = self._by_rule(tuning_key)
+        try:
+            self._launch_with(chosen, grid, plan, *args, **constexprs)
+        except OutOfResources as error:  # the table's tiles, too large for this GPU or dtype
+            if not by_rule or self._fallback is None:
+                raise
+            log.debug("%s at %s: %s does not fit (%s); the fallback configuration instead",
+                      self.kernel.__name__, tuning_key, chosen, error)
+            chosen = _as_config(self._fallback(tuning_key))
+            self._launch_with(chosen, grid, plan, *args, **constexprs)
+        self.choices[tuning_key] = chosen
+
+    def _launch_with(self, chosen: triton.Config, grid: Grid, plan: Hashable | None, *args, **constexprs) -> None:
         meta = chosen.all_kwargs()
         if self._makes_descriptors(chosen):
             use_descriptor_scratch()
@@ -108,14 +151,21 @@ class TunedKernel:
         self.plans.launch(plan, grid(meta), *args, **constexprs, **meta)
 
     def choice_for(self, *key_prefix, dtype) -> dict | None:
-        """The configuration the autotuner settled on for a key that starts with `key_prefix` (values of
-        this kernel's `key` arguments, in order) with tensors of `dtype`, for reports; None if none yet.
-        Triton's cache key is the `key` arguments in order, then the tensor arguments' dtypes, the first
-        tensor's first."""
+        """The configuration chosen (by rule or by the autotuner) for a tuning key that starts with
+        `key_prefix` (values of this kernel's `key` arguments, in order) with tensors of `dtype`, for
+        reports; None if none yet."""
         n_keys = len(self.autotuner.keys)
         if len(key_prefix) > n_keys:
             raise ValueError(f"key_prefix has {len(key_prefix)} values, but the key has {n_keys}: {self.autotuner.keys}")
-        for key, config in self.autotuner.cache.items():
-            if tuple(key[:len(key_prefix)]) == key_prefix and key[n_keys] == str(dtype):
-                return {**config.kwargs, "num_warps": config.num_warps, "num_stages": config.num_stages}
+        for key, config in self.choices.items():
+            if tuple(key[:len(key_prefix)]) == key_prefix and dtype in key:
+                return tile_table.config_dict(config)
         return None
+
+
+def _as_config(kwargs: dict | triton.Config) -> triton.Config:
+    """A table row's keyword arguments (BLOCK_M, …, num_warps, num_stages) as a `triton.Config`."""
+    if isinstance(kwargs, triton.Config):
+        return kwargs
+    meta = dict(kwargs)
+    return triton.Config(meta, num_warps=meta.pop("num_warps", 4), num_stages=meta.pop("num_stages", 2))

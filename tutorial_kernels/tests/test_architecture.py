@@ -4,9 +4,10 @@ Layers, bottom to top (README, "Layout"); a module imports only from its own lay
 
     leaves        runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling, precision,
                   turns
-    perf          perf.*: remembered launches, autotuning choices, descriptor scratch
+    perf          perf.*: remembered launches, the tile table and autotuning choices, descriptor scratch
     chapters      ch01 … ch06 and ch07_hopper: kernels and their launchers (a chapter builds on earlier ones)
-    api           attention: the front door (flash_attention, scaled_dot_product_attention), which picks a kernel
+    api           attention: the front door (flash_attention, scaled_dot_product_attention), which picks a kernel;
+                  tuning: autotuning as an explicit step (tune, the tile table's build)
     uses          instruments.* (timelines, byte models, sweeps), integrations.* (Hugging Face, GPT, prefill)
                   and labs.* (the learner's labs and their grader)
     bench         bench.*: the benchmark harness
@@ -54,7 +55,7 @@ def layer(module: str) -> str:
         return "leaves"
     if top in ("perf", "bench", "figures"):
         return top
-    if module == "attention":
+    if module in ("attention", "tuning"):
         return "api"
     if top in ("instruments", "integrations", "labs"):
         return "uses"
