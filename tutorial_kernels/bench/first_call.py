@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
                        "and the backward, each to its synchronisation, for n in order " + ", ".join(map(str, LENGTHS))
                        + ". stderr_lines counts what the process printed on stderr (compiler output included).",
         "provenance": provenance(" ".join(["python -m tutorial_kernels.bench.first_call", *(argv or sys.argv[1:])])),
-        "runs": runs,
+        "first_calls": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1) + "\n")

@@ -1,4 +1,5 @@
-"""`perf.autotune`: tuning passes are quiet, and their results persist across processes."""
+"""`perf.autotune`: tuning passes are quiet, their results persist across processes, and by default
+none runs (the tile table decides)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,31 @@ _TUNE_ONCE = textwrap.dedent("""
 
 @pytest.mark.gpu("autotuning")
 def test_a_shape_tuned_in_one_process_is_not_timed_again_in_the_next(tmp_path):
-    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache")}
+    env = {**os.environ, "TRITON_CACHE_DIR": str(tmp_path / "triton-cache"), "TUTORIAL_KERNELS_AUTOTUNE": "1",
+           "TUTORIAL_KERNELS_TILES": str(tmp_path / "tiles")}
     for run in ("first", "second"):
         done = subprocess.run([sys.executable, "-c", _TUNE_ONCE, run], env=env, capture_output=True, text=True)
         assert done.returncode == 0, f"{run} process: {done.stderr[-3000:]}"
+
+
+_BY_RULE = textwrap.dedent("""
+    import torch
+    from triton.runtime.autotuner import Autotuner
+    import tutorial_kernels
+    Autotuner._bench = lambda *a, **k: (_ for _ in ()).throw(AssertionError("timed a candidate"))
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(1, 4, 300, 64, device="cuda", dtype=torch.float16, generator=g).requires_grad_()
+    tutorial_kernels.flash_attention(q, q, q, causal=True).sum().backward()
+    torch.cuda.synchronize()
+    assert torch.isfinite(q.grad).all()
+""")
+
+
+@pytest.mark.gpu("autotuning")
+def test_by_default_a_new_shape_times_no_candidate(tmp_path):
+    """The front door's first forward and backward at a new shape take the tile table's tiles."""
+    env = {k: v for k, v in os.environ.items() if k != "TUTORIAL_KERNELS_AUTOTUNE"}
+    env |= {"TRITON_CACHE_DIR": str(tmp_path / "triton-cache"), "TUTORIAL_KERNELS_TILES": str(tmp_path / "tiles")}
+    done = subprocess.run([sys.executable, "-c", _BY_RULE], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stderr.strip() == "", f"the first call printed: {done.stderr[-3000:]}"

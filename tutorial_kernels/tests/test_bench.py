@@ -92,6 +92,10 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
         assert data["checks"] and all(c["passed"] for c in data["checks"]), data["checks"]
         assert all(r["ms"] > 0 for r in data["results"] if r["status"] == "ok")
         return
+    if "first_calls" in data:  # tutorial_kernels.bench.first_call: seconds per call, every call timed
+        for process in data["first_calls"]:
+            assert process["calls"] and all(c["forward_s"] > 0 and c["backward_s"] > 0 for c in process["calls"])
+        return
     for row in data["results"]:
         # failed: a probed configuration that did not compile (data/ch05_schedule_probe.json); never timed
         assert row["status"] in ("ok", "oom", "unsupported", "failed"), row
