@@ -52,6 +52,7 @@ def wheel(tmp_path_factory) -> Path:
 def test_the_wheel_holds_the_package_and_nothing_of_the_site(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     assert "tutorial_kernels/__init__.py" in names and "tutorial_kernels/bench/__main__.py" in names
+    assert "tutorial_kernels/perf/tiles_sm90.json" in names  # the tile table the tuned kernels look up
     assert not [n for n in names if n.startswith(("docs/", "data/", "notebooks/", "tools/", "experiments/"))]
 
 
