@@ -15,7 +15,11 @@ The capabilities are read off each function's checks and docstring:
   the plain PyTorch reference implementation runs anywhere, in any dtype;
 * gpu_only / unavailable: the Gluon kernel needs a CUDA GPU (deselected elsewhere) of compute
   capability 9.x (skipped, with the reason, on another GPU);
-* differentiable: gradients through autograd (`test_gradients_match_reference`).
+* differentiable: gradients through autograd (`test_gradients_match_reference`);
+* empty_sequences: n_q or n_k = 0 gives PyTorch's answer (an empty output, or zeros where queries see no
+  key) instead of the chapters' ValueError (the front door);
+* scale_first: the yardstick of the peers' rule scales q before Q Kᵀ (flash-attn's reference), except for
+  chapter 2's eager attention, which computes the textbook (Q Kᵀ)·scale and is measured against the same order.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ from tutorial_kernels.ch07_hopper import flash_attn_hopper
 from tutorial_kernels.attention import flash_attention as front_door
 from tutorial_kernels.ch06_backward import flash_attention
 from tutorial_kernels.reference import expand_kv_heads, reference_attention, reference_scores, reference_softmax
-from tutorial_kernels.testing import ALL_KERNEL_DTYPES, HEAD_DIMS, KERNEL_DTYPES, ON_GPU, Case, attention_cases
+from tutorial_kernels.testing import (ALL_KERNEL_DTYPES, HEAD_DIMS, KERNEL_DTYPES, ON_GPU, Case, attention_cases,
+                                      torch_attention_same_dtype)
 
 NO_OUT, CONTIGUOUS_OUT, DENSE_OUT = None, "contiguous", "dense"
 
@@ -58,6 +63,9 @@ class Implementation:
     gpu_only: str | None = None  # why it needs a CUDA GPU: its tests are not collected without one
     unavailable: Callable[[], str | None] = lambda: None  # on a GPU: why this one cannot run there
     differentiable: bool = False
+    empty_sequences: bool = False  # a sequence of length 0 gives PyTorch's answer, not a ValueError
+    # the yardstick's order of operations (`testing.torch_attention_same_dtype`): scale q first, or Q Kᵀ
+    scale_first: bool = True
     # shapes, when not `attention_cases(head_dims)` (kernels that run one head_dim, or whose every new
     # shape costs an autotuning pass on the GPU); gradient shapes, when not the same
     cases: Callable[[], list[Case]] | None = None
@@ -101,6 +109,12 @@ class Implementation:
         top_left = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None]
         s = reference_scores(q, k, False, sm_scale).masked_fill(~top_left, float("-inf"))
         return reference_softmax(s) @ expand_kv_heads(v, q.shape[1]).double()
+
+    def baseline(self, q, k, v, causal: bool, sm_scale: float | None) -> torch.Tensor:
+        """PyTorch's own attention in the inputs' dtype under this implementation's causal alignment: the
+        yardstick of the peers' rule (`testing.torch_attention_same_dtype`; differentiable)."""
+        return torch_attention_same_dtype(q, k, v, causal, sm_scale, alignment=self.causal_alignment,
+                                          scale_first=self.scale_first)
 
     def rows_without_keys(self, causal: bool, n_q: int, n_k: int) -> int:
         """How many leading queries see no key (their output rows must be zeros)."""
@@ -168,7 +182,8 @@ def _hopper_cases() -> list[Case]:
 
 IMPLEMENTATIONS = [
     # chapter 2: plain PyTorch (runs on any device, in any dtype); no out=
-    Implementation("eager_attention", eager_attention, max_head_dim=256, out=NO_OUT, runs_triton=False),
+    Implementation("eager_attention", eager_attention, max_head_dim=256, out=NO_OUT, runs_triton=False,
+                   scale_first=False),
     # chapter 2: three Triton kernels, S and P in HBM
     Implementation("naive_attention", naive_attention),
     # chapter 3: one query block attends to all keys with the online softmax
@@ -199,8 +214,8 @@ IMPLEMENTATIONS = [
                    grad_cases=_tuned_backward_cases),
     # the front door (tutorial_kernels.flash_attention): whichever kernel it picks, forward and backward
     Implementation("front_door", front_door, max_head_dim=256, head_dims=BACKWARD_HEAD_DIMS, gqa=True,
-                   out=DENSE_OUT, differentiable=True, cases=_tuned_cases, grad_cases=_tuned_backward_cases,
-                   layouts=("bhnd", "bnhd")),
+                   out=DENSE_OUT, differentiable=True, empty_sequences=True, cases=_tuned_cases,
+                   grad_cases=_tuned_backward_cases, layouts=("bhnd", "bnhd")),
 ]
 
 __all__ = ["IMPLEMENTATIONS", "Implementation", "NO_OUT", "CONTIGUOUS_OUT", "DENSE_OUT"]
