@@ -471,10 +471,13 @@ def _table_rule(key) -> dict | None:
     """The tile table's configuration for a tuning key (`_prepare`'s): the fastest, or the fastest
     with the loads the launch allows; for the training forward (with the log-sum-exp) the inference
     forward's where the table has no row of its own."""
-    length_bucket, head_dim, causal, _, load_choice, dtype, with_lse = key
+    length_bucket, head_dim, causal, block_d, load_choice, dtype, with_lse = key
     which = {POINTERS_ONLY: "pointers", DESCRIPTORS_ONLY: "descriptors", EITHER: "best"}[load_choice]
-    return (tile_table.rule(_table_kernel(with_lse), head_dim, causal, dtype, length_bucket, which)
-            or tile_table.rule(_table_kernel(False), head_dim, causal, dtype, length_bucket, which))
+    # the columns the kernel computes: head_dim where it splits exactly into two blocks (80 = 64 + 16),
+    # else the one padded block (72 runs 128 wide, and must not take d = 80's 80-wide tiles)
+    width = head_dim if block_d < head_dim else block_d
+    return (tile_table.rule(_table_kernel(with_lse), width, causal, dtype, length_bucket, which)
+            or tile_table.rule(_table_kernel(False), width, causal, dtype, length_bucket, which))
 
 
 def _teaching_fallback(key) -> dict:

@@ -91,6 +91,7 @@ class TunedKernel:
     def forget(self) -> None:
         """Drop every choice and remembered launch (after the tile table changed)."""
         self.choices.clear()
+        self.autotuner.cache.clear()  # or the autotuner answers from memory, timing nothing
         self.plans = LaunchPlans(self.kernel)
         self._plans_with_descriptors.clear()
 

@@ -11,8 +11,9 @@ The table of an architecture (`tiles_sm90.json` beside this module for Hopper, H
 what the autotuner chose on that GPU over a grid of keys, with the provenance of the run that
 measured it (`python -m tutorial_kernels.tuning build`). A key between the grid's points takes the
 row of the nearest length bucket (in powers of two) and of the smallest measured head_dim at least
-as large (a configuration that fits a larger head fits a smaller one). A GPU whose architecture has
-no table, and a dtype the table does not list, get each kernel's teaching configuration.
+as large as the columns the kernel computes (its caller passes the padded width where the kernel pads:
+a configuration that fits wider tiles fits narrower ones). A GPU whose architecture has no table, a
+dtype the table does not list, and a head wider than any row get each kernel's teaching configuration.
 
 Autotuning is an explicit step: `tutorial_kernels.tune(q, k, v, causal)`, or TUTORIAL_KERNELS_AUTOTUNE=1
 for every new key of a process. Its choices are written, in the same format, to the user's table
@@ -27,6 +28,7 @@ import math
 import os
 import tempfile
 import threading
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,9 +83,13 @@ def row_key(row: dict) -> tuple:
 
 
 def _read(path: Path) -> list[dict]:
+    """A table file's rows; none for a missing file, and none (with a warning) for one that cannot be read."""
     try:
         return json.loads(path.read_text())["rows"]
     except FileNotFoundError:
+        return []
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        warnings.warn(f"tile table {path} ignored: {error!r}", RuntimeWarning, stacklevel=2)
         return []
 
 
@@ -94,6 +100,7 @@ def table(arch: str) -> dict:
         for path in (shipped_table_path(arch), user_table_path(arch)):
             rows.update({row_key(r): r for r in _read(path)})
         _tables[arch] = rows
+        return rows
     return _tables[arch]
 
 
@@ -113,8 +120,9 @@ def lookup(arch: str, kernel: str, head_dim: int, causal: bool, dtype: torch.dty
             and r.get(choice)]
     if not rows:
         return None
-    dims = sorted({r["head_dim"] for r in rows})
-    dim = next((d for d in dims if d >= head_dim), dims[-1])  # smallest measured head_dim ≥ head_dim
+    dim = min((r["head_dim"] for r in rows if r["head_dim"] >= head_dim), default=None)
+    if dim is None:  # wider than every measured head: a smaller head's tiles may not fit
+        return None
     rows = [r for r in rows if r["head_dim"] == dim]
     row = min(rows, key=lambda r: (abs(math.log2(r["length_bucket"]) - math.log2(max(length_bucket, 1))),
                                    r["length_bucket"]))
@@ -131,7 +139,8 @@ def record(arch: str, rows: list[dict], path: Path | None = None) -> Path:
     except FileNotFoundError:
         document = {"architecture": arch, "rows": []}
     merged = {row_key(r): r for r in document["rows"]}
-    merged.update({row_key(r): r for r in rows})
+    for r in rows:  # a new row's fields over the old row's: a narrower pass keeps what an earlier one found
+        merged[row_key(r)] = {**merged.get(row_key(r), {}), **r}
     document["rows"] = sorted(merged.values(), key=lambda r: tuple(str(v) for v in row_key(r)))
     with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
         json.dump(document, f, indent=1)
@@ -178,8 +187,12 @@ def record_tuned(kernel: str, head_dim: int, causal: bool, dtype: torch.dtype, l
     """Keep one autotuner choice in the user's table of the current GPU (not in the interpreter)."""
     if interpreter_active():
         return
-    record(architecture(torch.device("cuda")),
-           [tuned_row(kernel, head_dim, causal, dtype, length_bucket, best, timings)])
+    arch = architecture(torch.device("cuda"))
+    try:
+        record(arch, [tuned_row(kernel, head_dim, causal, dtype, length_bucket, best, timings)])
+    except OSError as error:  # the choice still serves this process; only its keeping failed
+        warnings.warn(f"the tile table {user_table_path(arch)} could not be written ({error}); set "
+                      f"{USER_TABLE_VARIABLE} to a writable folder", RuntimeWarning, stacklevel=2)
 
 
 __all__ = ["architecture", "autotuning", "autotuning_requested", "config_dict", "forget", "lookup", "record",

@@ -251,19 +251,22 @@ def test_more_programs_than_a_grid_axis_holds_run_in_slices(monkeypatch):
     whole = _grads(lambda q, k, v: flash_attention(q, k, v, True), q, k, v, do)
     with torch.no_grad():
         whole_out = flash_attention(q, k, v, True)
-    widest = []
-    launch = front._launch
+    widest = []  # batch × heads of every launch, inference (_launch) and training (_attention_fwd) alike
+    launch, train = front._launch, front._attention_fwd
     monkeypatch.setattr(front, "_launch", lambda kernel, q, *a: (widest.append(q.shape[0] * q.shape[1]),
                                                                  launch(kernel, q, *a))[1])
+    monkeypatch.setattr(front, "_attention_fwd", lambda q, *a: (widest.append(q.shape[0] * q.shape[1]),
+                                                                train(q, *a))[1])
     for limit in (4, 2):
         monkeypatch.setattr(front, "MAX_GRID_Y", limit)
+        front._DECISIONS.clear()  # the unsliced calls' remembered decisions were made under the old limit
         sliced = _grads(lambda q, k, v: flash_attention(q, k, v, True), q, k, v, do)
         for name, got, want in zip(("out", "dq", "dk", "dv"), sliced, whole):
             assert torch.equal(got, want), f"{name} differs when sliced at {limit}; seed={x.seed}"
         out = poisoned(tuple(q.shape), q.dtype, q.device)
         with torch.no_grad():
             assert flash_attention(q, k, v, True, out=out) is out and torch.equal(out, whole_out)
-        assert max(widest) <= limit, widest
+        assert widest and max(widest) <= limit, widest
         widest.clear()
 
 

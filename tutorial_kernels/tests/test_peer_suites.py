@@ -58,6 +58,7 @@ def _check_against_peers(fn: Callable, exact_fn: Callable, torch_fn: Callable, q
     ours = outputs_and_gradients(fn, q, k, v, do)
     exact = outputs_and_gradients(exact_fn, q, k, v, do, torch.float64)
     torch_own = outputs_and_gradients(torch_fn, q, k, v, do)
+    over = []  # gradients over the rule's ratio where that is known: an xfail once every check has run
     for i, what in enumerate(("out", "dq", "dk", "dv")):
         # dK and dV of grouped-query attention have k's (fewer) heads: summed over each group
         assert ours[i].dtype == q.dtype, f"{what}: {ours[i].dtype}, expected {q.dtype}"
@@ -65,9 +66,11 @@ def _check_against_peers(fn: Callable, exact_fn: Callable, torch_fn: Callable, q
             assert_within_peer_rule(ours[i], exact[i], torch_own[i], seed=seed, what=what,
                                     factor=PEER_OUTPUT_FACTOR if what == "out" else PEER_GRAD_FACTOR)
         except PeerRuleError as error:
-            if what != "out" and gradient_limit is not None:
-                pytest.xfail(f"{gradient_limit}: {error}")
-            raise
+            if what == "out" or gradient_limit is None:
+                raise
+            over.append(str(error))  # NaN, ∞ and shape are still checked on the gradients after this one
+    if over:
+        pytest.xfail(f"{gradient_limit}: {'; '.join(over)}")
     return ours
 
 

@@ -47,7 +47,8 @@ def test_a_key_between_the_grids_points_takes_the_nearest_bucket_and_the_next_la
     assert look(64, 512) == 1 and look(64, 4096) == 2 and look(64, 128) == 1
     assert look(64, 1024) == 1  # equally far from 512 and 2048: the smaller bucket
     assert look(40, 2048) == 2  # the smallest measured head_dim ≥ 40 is 64
-    assert look(80, 2048) == 3 and look(256, 2048) == 3  # 128, then the largest there is
+    assert look(80, 2048) == 3  # the next measured head_dim, 128
+    assert tile_table.lookup("sm00", "flash_v2_bwd_dq", 256, False, torch.float16, 2048) is None  # wider than all
     assert look(64, 99, causal=True) == 4 and look(64, 99, dtype=torch.bfloat16) == 5
     assert tile_table.lookup("sm00", "flash_v2_bwd_dq", 64, False, torch.float32, 512) is None  # no float32 rows
     assert tile_table.lookup("sm99", "flash_v2_bwd_dq", 64, False, torch.float16, 512) is None  # no table at all
@@ -159,3 +160,24 @@ def test_the_shipped_table_holds_candidates_only_with_its_provenance():
     grid = {(k, d, c, t, n) for run in document["runs"] for k in candidates for d in run["grid"]["head_dims"]
             for c in (False, True) for t in run["grid"]["dtypes"] for n in run["grid"]["length_buckets"]}
     assert keys == grid, f"missing {sorted(grid - keys)[:5]}, extra {sorted(keys - grid)[:5]}"
+
+
+def test_the_forward_takes_a_row_at_least_as_wide_as_the_columns_it_computes(monkeypatch):
+    """72 runs as one 128-wide block and must not take d = 80's tiles (80 = 64 + 16, two exact blocks);
+    48 and 96 split, 40 and 59 pad to 64, 160 to 256: every head dimension gets a row at least as wide."""
+    picked = {}
+
+    def rule(kernel, head_dim, causal, dtype, bucket, which="best"):
+        picked[kernel] = head_dim  # the width the forward asks the Hopper table for
+        return tile_table.lookup("sm90", kernel, head_dim, causal, dtype, bucket, which)
+
+    monkeypatch.setattr(tile_table, "rule", rule)
+    rows = tile_table.table("sm90").values()
+    for d, width, row_dim in ((72, 128, 128), (80, 80, 80), (48, 48, 64), (96, 96, 128), (40, 64, 64), (59, 64, 64),
+                              (160, 256, 256), (256, 256, 256)):
+        block_d, block_dt = ch05_flash_v2._head_dim_blocks(d)
+        key = (1024, d, True, block_d, ch05_flash_v2.POINTERS_ONLY, torch.float16, False)
+        config = ch05_flash_v2._table_rule(key)
+        assert picked["flash_v2_fwd"] == width, (d, picked)
+        assert config in [r["pointers"] for r in rows if r["kernel"] == "flash_v2_fwd" and r["head_dim"] == row_dim
+                          and r["causal"] and r["dtype"] == "float16" and r["length_bucket"] == 1024], (d, config)
