@@ -1,4 +1,5 @@
-"""The prose of every page the site renders teaches; the diary lives in BENCHMARKS.md and experiments/.
+"""The prose of every page the site renders teaches; the diary lives in BENCHMARKS.md and experiments/,
+and one page of the site, "How the numbers were obtained", says where.
 
 Scanned: docs/**/*.md and the markdown cells of notebooks/*.ipynb (each notebook is a page of the
 site). Skipped: fenced code blocks, inline code spans, snippet include lines (`--8<--`), HTML
@@ -14,7 +15,9 @@ text:
 - any "seed": the seed documents ("the seed", "seed 003", "seed notes"), and random seeds too, which a
   reader cannot tell from them (say "random state" or "initialisation");
 - a duration in microseconds or milliseconds: "12 µs", "3.4 ms", "0.5 us" (times belong in figures
-  and tables drawn from data/, and in BENCHMARKS.md).
+  and tables drawn from data/, and in BENCHMARKS.md);
+- run history named anywhere on a line, inline code included: `BENCHMARKS.md`, `experiments/…`, `data/logs`.
+  A page links to the one page that keeps that record, `HISTORY_PAGE`, which this rule leaves alone.
 
 Justified exceptions go in tests/docs_lint_allow.txt, one per line:
 
@@ -59,6 +62,12 @@ RULES: dict[str, re.Pattern] = {
         r"(?<![\w.])\d[\d.,]*(?:\s*(?:–|-|to)\s*\d[\d.,]*)?[\s\u00a0\u2009\u202f]*(?:µs|μs|us|ms)\b"),
 }
 
+# Checked with inline code kept: a path to the run diary is as much a dead end in code as in prose.
+CODE_RULES: dict[str, re.Pattern] = {
+    "run history": re.compile(r"\bBENCHMARKS\.md\b|(?<![\w/.-])experiments/|\bdata/logs\b"),
+}
+HISTORY_PAGE = "docs/how-the-numbers-were-obtained.md"  # where the record is kept, on purpose
+
 FENCE = re.compile(r"^[ \t>]*(?P<fence>`{3,}|~{3,})")
 SNIPPET_LINE = re.compile(r"^[ \t]*-{1,2}8<-{1,2}")
 HTML_COMMENT = re.compile(r"<!--.*?-->", re.S)
@@ -84,9 +93,9 @@ class Finding:
         return f"{self.page}, {self.where}: {self.rule}: {self.text!r}   ({self.line.strip()[:140]})"
 
 
-def prose_lines(markdown: str) -> list[str]:
-    """The markdown with everything that is not prose blanked out; one output line per input line,
-    so that line numbers carry over."""
+def prose_lines(markdown: str, keep_code_spans: bool = False) -> list[str]:
+    """The markdown with everything that is not prose blanked out (inline code kept if asked); one
+    output line per input line, so that line numbers carry over."""
     # HTML comments may span lines: keep their newlines, drop the rest.
     text = HTML_COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), markdown)
     out: list[str] = []
@@ -107,7 +116,8 @@ def prose_lines(markdown: str) -> list[str]:
         if SNIPPET_LINE.match(line):
             out.append("")
             continue
-        line = CODE_SPAN.sub(" ", line)
+        if not keep_code_spans:
+            line = CODE_SPAN.sub(" ", line)
         line = URLS[0].sub("", line)
         line = URLS[1].sub(lambda m: m.group(1), line)
         for pattern in URLS[2:]:
@@ -119,11 +129,15 @@ def prose_lines(markdown: str) -> list[str]:
 def check_markdown(markdown: str, page: str, where_prefix: str = "") -> list[Finding]:
     findings = []
     originals = markdown.split("\n")
-    for number, line in enumerate(prose_lines(markdown), start=1):
-        for rule, pattern in RULES.items():
-            for m in pattern.finditer(line):
-                findings.append(Finding(page, f"{where_prefix}line {number}", rule, m.group(0),
-                                        originals[number - 1] if number <= len(originals) else line))
+    passes = [(prose_lines(markdown), RULES)]
+    if page != HISTORY_PAGE:
+        passes.append((prose_lines(markdown, keep_code_spans=True), CODE_RULES))
+    for lines, rules in passes:
+        for number, line in enumerate(lines, start=1):
+            for rule, pattern in rules.items():
+                for m in pattern.finditer(line):
+                    findings.append(Finding(page, f"{where_prefix}line {number}", rule, m.group(0),
+                                            originals[number - 1] if number <= len(originals) else line))
     return findings
 
 
@@ -199,6 +213,7 @@ In the second session we reran it; both sessions agree.
 As issue 6 asked, and issue #12 too; issues 6/7 remain; see PR #3, and (#20).
 Unlike the seed, we name sources; seed 003 said so in the seed notes.
 It took 12 µs, then 3.4 ms, then 0.5 us, then 7–9 ms, then 40μs.
+The diary: `BENCHMARKS.md` and `experiments/2026-11-22_x/probe.py`; the experiments/ folder too.
 
 Colours #1f77b4 and #1f77b4ff, a date 2025-11-24, fp16, bf16, e4m3, 0x1f2e3d4c, 1e-5 and 2e10
 are not hashes; 3e-05 neither. A random seed of 0, and seeds in general, read as the seed documents.
@@ -244,15 +259,20 @@ EXPECTED = [
     ("line 7", "seed reference", "the seed"),
     ("line 7", "seed reference", "seed 003"),
     ("line 7", "seed reference", "the seed"),  # "the seed notes" is one match: "the seed" comes first
-    ("line 11", "seed reference", "seed"),
-    ("line 11", "seed reference", "seeds"),
-    ("line 11", "seed reference", "the seed"),
+    ("line 12", "seed reference", "seed"),
+    ("line 12", "seed reference", "seeds"),
+    ("line 12", "seed reference", "the seed"),
     ("line 8", "duration in prose", "12 µs"),
     ("line 8", "duration in prose", "3.4 ms"),
     ("line 8", "duration in prose", "0.5 us"),
     ("line 8", "duration in prose", "7–9 ms"),
     ("line 8", "duration in prose", "40μs"),
-    ("line 35", "issue reference", "issue 8"),
+    ("line 36", "issue reference", "issue 8"),
+    ("line 4", "run history", "data/logs"),
+    ("line 9", "run history", "BENCHMARKS.md"),
+    ("line 9", "run history", "experiments/"),
+    ("line 9", "run history", "experiments/"),
+    ("line 16", "run history", "data/logs"),  # inline code is no hiding place for the diary
 ]
 
 
@@ -269,7 +289,13 @@ def test_seed_notes_fires_on_its_own():
 
 
 def test_every_rule_is_planted():
-    assert {rule for _, rule, _ in EXPECTED} == set(RULES)
+    assert {rule for _, rule, _ in EXPECTED} == set(RULES) | set(CODE_RULES)
+
+
+def test_the_history_page_may_name_the_record():
+    line = "The runs are in `BENCHMARKS.md` and `experiments/2026-11-22_x/`."
+    assert not check_markdown(line, HISTORY_PAGE)
+    assert [f.text for f in check_markdown(line, "docs/other.md")] == ["BENCHMARKS.md", "experiments/"]
 
 
 def test_a_notebook_is_checked_cell_by_cell_and_its_code_is_not():
@@ -316,8 +342,8 @@ def test_no_page_carries_the_diary():
     left, unused = apply_allow_list(findings, entries)
     message = []
     if left:
-        message.append(f"{len(left)} finding(s) in the pages' prose (move run history to BENCHMARKS.md, name "
-                       "sources instead of 'the seed', let figures carry the times; or, if justified, add "
+        message.append(f"{len(left)} finding(s) in the pages' prose (move run history to BENCHMARKS.md and link "
+                       f"{HISTORY_PAGE}, name sources instead of 'the seed', let figures carry the times; or, if justified, add "
                        f"'PAGE :: TEXT # REASON' to {ALLOW_FILE.relative_to(ROOT)}):")
         message += [f"  {f}" for f in left]
     if unused:
