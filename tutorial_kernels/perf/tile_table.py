@@ -94,11 +94,13 @@ def _read(path: Path) -> list[dict]:
 
 
 def table(arch: str) -> dict:
-    """Every row known for `arch`: the shipped table's, then the user's over them."""
+    """Every row known for `arch`: the shipped table's, then the user's fields over them (a user's pass
+    that timed pointer loads only keeps the shipped row's descriptor entry)."""
     if arch not in _tables:
-        rows = {}
+        rows: dict = {}
         for path in (shipped_table_path(arch), user_table_path(arch)):
-            rows.update({row_key(r): r for r in _read(path)})
+            for r in _read(path):
+                rows[row_key(r)] = {**rows.get(row_key(r), {}), **r}
         _tables[arch] = rows
         return rows
     return _tables[arch]
@@ -130,8 +132,9 @@ def lookup(arch: str, kernel: str, head_dim: int, causal: bool, dtype: torch.dty
 
 
 def record(arch: str, rows: list[dict], path: Path | None = None) -> Path:
-    """Add `rows` (each with the key's fields and at least "best") to the user's table for `arch` (or
-    to `path`), replacing rows of the same key; written atomically. Returns the file written."""
+    """Add `rows` (each with the key's fields and at least one configuration) to the user's table for
+    `arch` (or to `path`), their fields over those of a row of the same key; written atomically.
+    Returns the file written."""
     path = path or user_table_path(arch)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -165,13 +168,17 @@ def rule(kernel: str, head_dim: int, causal: bool, dtype: torch.dtype, length_bu
 def tuned_row(kernel: str, head_dim: int, causal: bool, dtype: torch.dtype, length_bucket: int, best,
               timings: dict | None) -> dict:
     """A table row from one autotuner pass: its choice ("best", with its median time "ms"), and where
-    candidates differ in how they load K and V (USE_DESCRIPTORS), the fastest of each kind."""
+    candidates differ in how they load K and V (USE_DESCRIPTORS), the fastest of each kind timed; no
+    "best" when the launch allowed one kind only (strided K/V: pointers)."""
     row = {"kernel": kernel, "head_dim": head_dim, "causal": causal, "dtype": str(dtype).removeprefix("torch."),
            "length_bucket": length_bucket, "best": config_dict(best)}
     times = {c: t[0] for c, t in (timings or {}).items() if math.isfinite(t[0])}
     if best in times:
         row["ms"] = round(times[best], 5)
     if "USE_DESCRIPTORS" in best.kwargs:
+        if len({bool(c.kwargs.get("USE_DESCRIPTORS")) for c in times}) == 1:
+            del row["best"]  # one way of loading timed (the launch allowed no other): not the fastest of both
+            row.pop("ms", None)
         for name, wanted in (("pointers", False), ("descriptors", True)):
             among = [c for c in times if bool(c.kwargs.get("USE_DESCRIPTORS")) == wanted]
             if among:

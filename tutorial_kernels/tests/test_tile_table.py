@@ -76,6 +76,18 @@ def test_a_tuning_pass_becomes_a_row_with_the_fastest_of_each_way_of_loading():
     assert row["dtype"] == "bfloat16" and row["ms"] == 1.0
     assert row["best"] == {"BLOCK_M": 128, "USE_DESCRIPTORS": True, "num_warps": 8, "num_stages": 3}
     assert row["pointers"]["BLOCK_M"] == 64 and row["pointers_ms"] == 1.5 and row["descriptors"]["BLOCK_M"] == 128
+    # a launch that allowed pointer loads only (strided K/V) timed one kind: it says nothing of "best"
+    only = tile_table.tuned_row("flash_v2_fwd", 64, True, torch.bfloat16, 2048, fast_ptr,
+                                {fast_ptr: [1.5] * 3, slow_ptr: [3.0] * 3})
+    assert "best" not in only and "descriptors" not in only and only["pointers"]["BLOCK_M"] == 64
+
+
+def test_a_users_pass_over_one_kind_of_load_keeps_the_shipped_rows_other_entries(tables):
+    _ship(tables, [_row(kernel="flash_v2_fwd", block_m=1, pointers={"BLOCK_M": 2}, descriptors={"BLOCK_M": 3})])
+    tile_table.record("sm00", [{k: v for k, v in _row(kernel="flash_v2_fwd").items() if k != "best"}
+                               | {"pointers": {"BLOCK_M": 4}}])
+    look = lambda which: tile_table.lookup("sm00", "flash_v2_fwd", 64, False, torch.float16, 1024, which)  # noqa: E731
+    assert (look("best")["BLOCK_M"], look("pointers")["BLOCK_M"], look("descriptors")["BLOCK_M"]) == (1, 4, 3)
 
 
 def _kernel(rule, fallback=lambda key: {"BLOCK_M": 32, "BLOCK_N": 32, "num_warps": 4, "num_stages": 1}):
