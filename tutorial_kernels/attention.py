@@ -36,7 +36,7 @@ import torch
 
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
-from tutorial_kernels.ch06_backward import flash_attn_backward
+from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
 from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
                                           preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
@@ -127,6 +127,8 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     kernel = kernel_for(q, k, v, causal)
     if kernel == "none":
         return q.new_zeros(q.shape), q.new_full(q.shape[:3], -math.inf, dtype=torch.float32)
+    if backward_kernel_for(q, k, v, q, causal) == "triton-tuned":  # dO will be dense, of q's shape and dtype
+        compile_backward_ahead(q, k, v, causal, sm_scale)  # a new shape's backward compiles during the forward
     if kernel == "hopper":
         return flash_attn_hopper_with_lse(q, k, v, causal, sm_scale)
     return flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=q.is_cuda)

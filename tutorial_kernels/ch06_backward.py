@@ -23,10 +23,16 @@ Three kernels:
 
 Causal masks (bottom-right aligned, as in the forward) are applied only when `causal=True`, and
 only on the tiles that cross the diagonal; without `causal` no score is masked. Queries that see
-no key (lse = −∞) get P = 0 and contribute nothing.
+no key (lse = −∞) get P = 0 and contribute nothing. P = e^{τS − lse} is at most 1 in exact
+arithmetic; the kernels cap its exponent at 0, so that the rounding of lse at very large scores
+never makes it ∞.
 """
 
 from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import triton
@@ -40,6 +46,8 @@ from tutorial_kernels.precision import autotunes, dot_precision, tiles_for
 from tutorial_kernels.tiling import (
     INTERPRETER_TILES, LOG2_E, causal_key_stages, causal_query_stages, head_dim_block, to_log2_units, tuning_tiles)
 from tutorial_kernels.validation import check_attention_inputs
+
+log = logging.getLogger(__name__)
 
 
 # --8<-- [start:preprocess]
@@ -99,7 +107,9 @@ def _dkdv_from_query_tiles(
         delta = tl.load(delta_src + offs_m, mask=m_ok, other=0.0)
 
         s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)  # Sᵀ = K_j Qᵢᵀ, (BLOCK_N, BLOCK_M), float32
-        p_t = tl.math.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τSᵀ − lse}, recomputed
+        # Pᵀ = e^{τSᵀ − lse}, recomputed; τS ≤ lse exactly, but at scores of 10¹¹ a rounding of lse
+        # could push the exponent above 0 and P to ∞: the exponent is capped at 0 (P ≤ 1)
+        p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0))
         if MASKED:
             visible = offs_n[:, None] <= offs_m[None, :] + (n_k - n_q)  # bottom-right causal
             p_t = tl.where(visible, p_t, 0.0)
@@ -203,7 +213,7 @@ def _dq_from_key_tiles(
         k = tl.load(k_src + offs_n[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_src + offs_n[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)  # (BLOCK_M, BLOCK_N)
-        p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}
+        p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0))  # P = e^{min(τS − lse, 0)} ≤ 1
         if MASKED:
             if CAUSAL:  # (a key past n_k is visible only to rows past n_q, whose P is 0 already)
                 visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
@@ -315,13 +325,16 @@ def tuned_backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cau
     return {name: c for name, c in chosen.items() if c is not None} or None
 
 
+_DELTA_ROWS = 64  # query rows per program of the Δ kernel
+
+
 def attention_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
     """Δ = rowsum(dO ∘ O), (B, H, n_q) float32, from O and dO (B, H, n_q, d) of any strides."""
     batch, heads, n_q, head_dim = o.shape
     delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=o.device)
-    rows = 64
-    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, rows), batch * heads)](
-        o, do, delta, *o.stride(), *do.stride(), heads, n_q, head_dim, BLOCK_M=rows, BLOCK_D=head_dim_block(head_dim))
+    _attn_bwd_preprocess_kernel[(triton.cdiv(n_q, _DELTA_ROWS), batch * heads)](
+        o, do, delta, *o.stride(), *do.stride(), heads, n_q, head_dim, BLOCK_M=_DELTA_ROWS,
+        BLOCK_D=head_dim_block(head_dim))
     return delta
 
 
@@ -337,37 +350,104 @@ def flash_attn_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | Non
     if do.shape != q.shape or do.dtype != q.dtype:
         raise ValueError(f"do must have q's shape {tuple(q.shape)} and dtype {q.dtype}, "
                          f"got {tuple(do.shape)} {do.dtype}")
-    block_d = head_dim_block(shape.head_dim)
-    heads, n_q, n_k = shape.heads, shape.n_q, shape.n_k
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # (B, H_kv, n_k, d): summed over each group
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     lse = lse.contiguous()  # (B, H, n_q), indexed as one row per (batch, head)
-
     delta = attention_delta(o, do)
-    length_bucket = triton.next_power_of_2(max(n_q, n_k))  # a key for the tile table and the autotuner only
-    common = (shape.heads, shape.group_size, n_q, n_k, shape.head_dim, shape.sm_scale, shape.sm_scale * LOG2_E,
-              length_bucket)
+    dkdv_args, dq_args, constexprs, tuning_key = _kernel_arguments(shape, q, k, v, do, lse, delta, dq, dk, dv, causal)
+    grid_n = lambda meta: (triton.cdiv(shape.n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
+    grid_m = lambda meta: (triton.cdiv(shape.n_q, meta["BLOCK_M"]), shape.batch * shape.heads)  # noqa: E731
+    if tuned and autotunes(q):  # full-precision float32 runs the teaching configuration
+        _wait_for_compiles_ahead(tuning_key)  # kernels the forward began to compile (`compile_backward_ahead`)
+        TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, **constexprs)
+        TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, **constexprs)
+    else:
+        teaching = _backward_config(shape.head_dim, q.dtype)
+        dkdv_config, dq_config = (teaching, teaching) if configs is None else (c.all_kwargs() for c in configs)
+        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, **constexprs, **dkdv_config)
+        _attn_bwd_dq_kernel[grid_m](*dq_args, **constexprs, **dq_config)
+    return dq, dk, dv
+
+
+def _kernel_arguments(shape, q, k, v, do, lse, delta, dq, dk, dv, causal: bool):
+    """The dK/dV and the dQ kernels' arguments, their compile-time constants and the tuning key
+    (length bucket, head_dim, causal, BLOCK_D, q's dtype: what the tile table is looked up by)."""
+    length_bucket = triton.next_power_of_2(max(shape.n_q, shape.n_k))  # a key for the tile table only
+    common = (shape.heads, shape.group_size, shape.n_q, shape.n_k, shape.head_dim, shape.sm_scale,
+              shape.sm_scale * LOG2_E, length_bucket)
     dkdv_args = (q, k, v, do, lse, delta, dk, dv,
                  *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(), *dv.stride(), *common)
     dq_args = (q, k, v, do, lse, delta, dq,
                *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dq.stride(), *common)
-    grid_n = lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), shape.batch * shape.kv_heads)  # noqa: E731
-    grid_m = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), shape.batch * heads)  # noqa: E731
-    precision = dot_precision(q.dtype)  # float32 products as torch's matmul setting says
-    if tuned and autotunes(q):  # full-precision float32 runs the teaching configuration
-        # the autotuners' keys: length bucket, head_dim, causal, BLOCK_D, then q's dtype (lse's is fixed)
-        tuning_key = (length_bucket, shape.head_dim, causal, block_d, q.dtype)
-        TUNED_DKDV.launch(grid_n, tuning_key, None, *dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
-        TUNED_DQ.launch(grid_m, tuning_key, None, *dq_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision)
-    else:
-        teaching = _backward_config(shape.head_dim, q.dtype)
-        dkdv_config, dq_config = (teaching, teaching) if configs is None else (c.all_kwargs() for c in configs)
-        _attn_bwd_dkdv_kernel[grid_n](*dkdv_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision,
-                                      **dkdv_config)
-        _attn_bwd_dq_kernel[grid_m](*dq_args, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=precision, **dq_config)
-    return dq, dk, dv
+    block_d = head_dim_block(shape.head_dim)
+    # float32 products as torch's matmul setting says
+    constexprs = dict(CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype))
+    return dkdv_args, dq_args, constexprs, (length_bucket, shape.head_dim, causal, block_d, q.dtype)
 # --8<-- [end:backward_launcher]
+
+
+class _Dense:
+    """What Triton compiles a new contiguous tensor's argument as: its dtype (and its strides)."""
+
+    def __init__(self, shape, dtype: torch.dtype):
+        self.shape, self.dtype = tuple(shape), dtype
+
+    def stride(self) -> tuple[int, ...]:
+        strides, step = [], 1
+        for size in reversed(self.shape):
+            strides.append(step)
+            step *= max(size, 1)
+        return tuple(reversed(strides))
+
+
+_AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tutorial_kernels-compile")
+_PENDING: dict = {}  # tuning key → the future of its kernels' compilation
+
+
+def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                           sm_scale: float | None = None) -> None:
+    """Start compiling, in a background thread, the three kernels a tuned `flash_attn_backward` of
+    these inputs will launch (with a contiguous dO), while the forward runs: the first backward at a
+    new shape then finds them compiled. Returns at once; nothing on the CPU, for float32, while
+    autotuning (which compiles every candidate itself) or with TUTORIAL_KERNELS_COMPILE_AHEAD=0."""
+    if (not q.is_cuda or not autotunes(q) or tile_table.autotuning_requested()
+            or os.environ.get("TUTORIAL_KERNELS_COMPILE_AHEAD", "1") == "0"):
+        return
+    head_dim = q.shape[3]
+    seen = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), head_dim, causal, head_dim_block(head_dim), q.dtype)
+    if seen in _PENDING or TUNED_DQ.choices.get(seen) is not None:  # (the tuning key of `_kernel_arguments`)
+        return  # compiling, or the backward has run at this key: each further call costs one lookup
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
+    rows = _Dense((shape.batch, shape.heads, shape.n_q), torch.float32)  # lse and Δ
+    dkdv_args, dq_args, constexprs, tuning_key = _kernel_arguments(
+        shape, q, k, v, _Dense(q.shape, q.dtype), rows, rows, _Dense(q.shape, q.dtype), _Dense(k.shape, k.dtype),
+        _Dense(v.shape, v.dtype), causal)
+    # q, k and v themselves (their addresses' alignment is compiled in); a tensor not made yet as its dtype
+    as_dtypes = lambda args: tuple(a.dtype if isinstance(a, _Dense) else a for a in args)  # noqa: E731
+    dense_q = _Dense(q.shape, q.dtype)
+    device = q.device
+
+    def compile_all() -> None:
+        with torch.cuda.device(device):  # Triton compiles for the current device of this thread
+            _attn_bwd_preprocess_kernel.warmup(
+                q.dtype, q.dtype, torch.float32, *dense_q.stride(), *dense_q.stride(), shape.heads, shape.n_q,
+                shape.head_dim, grid=(1,), BLOCK_M=_DELTA_ROWS, BLOCK_D=head_dim_block(shape.head_dim))
+            TUNED_DKDV.compile_ahead(tuning_key, *as_dtypes(dkdv_args), **constexprs)
+            TUNED_DQ.compile_ahead(tuning_key, *as_dtypes(dq_args), **constexprs)
+
+    _PENDING[tuning_key] = _AHEAD.submit(compile_all)
+
+
+def _wait_for_compiles_ahead(tuning_key) -> None:
+    """Let a compilation started by `compile_backward_ahead` finish (a failed one is only logged: the
+    launch compiles, and reports, for itself)."""
+    future = _PENDING.pop(tuning_key, None)
+    if future is not None:
+        try:
+            future.result()
+        except Exception as error:  # noqa: BLE001 — the launch that follows compiles and raises for itself
+            log.debug("compiling the backward ahead for %s failed: %r", tuning_key, error)
 
 
 # --8<-- [start:autograd]
@@ -411,5 +491,5 @@ def flash_attention(
     return FlashAttentionFunction.apply(q, k, v, causal, sm_scale, tuned)
 
 
-__all__ = ["flash_attention", "flash_attn_backward", "attention_delta", "FlashAttentionFunction", "tuned_backward_choice",
+__all__ = ["flash_attention", "flash_attn_backward", "compile_backward_ahead", "attention_delta", "FlashAttentionFunction", "tuned_backward_choice",
            "TUNED_DKDV", "TUNED_DQ", "DKDV_TILES", "DQ_TILES"]

@@ -149,7 +149,8 @@ def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_sm
     # where they are needed (the loader brought them with Q and dO): held in registers across the step
     # they would cost 32 of each thread's 240
     lse2 = stats_smem.index(2 * stage).reshape([block_m]).load(gl.SliceLayout(0, st_layout))
-    p_t = gl.exp2(s_t * qk_scale - lse2[None, :])  # Pᵀ = e^{τ K Qᵀ − lse}, recomputed (qk_scale = τ log₂ e)
+    # Pᵀ = e^{τ K Qᵀ − lse}, recomputed (qk_scale = τ log₂ e); the exponent capped at 0, as chapter 6's
+    p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))
     if MASKED:
         # Sᵀ's row r is key key0 + r, its column c query m·block_m + c. Keys past n_k: a zero key would
         # still get P = e^{−lse}. Causal, key ≤ query + n_k − n_q, written as r − c ≤ one number per

@@ -143,6 +143,16 @@ class TunedKernel:
             self._launch_with(chosen, grid, plan, *args, **constexprs)
         self.choices[tuning_key] = chosen
 
+    def compile_ahead(self, tuning_key: Hashable, *args, **constexprs) -> None:
+        """Compile, without launching, what `launch(grid, tuning_key, None, *args, **constexprs)` will
+        run when no choice is remembered for tuning_key yet, so that its launch finds the binary ready.
+        `args` as `launch`'s, with a tensor's dtype in its place (only the dtype and the integers decide
+        what Triton compiles). Nothing when the autotuner is asked for (it compiles every candidate)."""
+        if tile_table.autotuning_requested():
+            return
+        chosen = self.choices.get(tuning_key) or self._by_rule(tuning_key)
+        self.kernel.warmup(*args, grid=(1,), **constexprs, **chosen.all_kwargs())
+
     def _launch_with(self, chosen: triton.Config, grid: Grid, plan: Hashable | None, *args, **constexprs) -> None:
         meta = chosen.all_kwargs()
         if self._makes_descriptors(chosen):
