@@ -403,6 +403,7 @@ class _Dense:
 
 _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tutorial_kernels-compile")
 _PENDING: dict = {}  # tuning key → the future of its kernels' compilation
+_AHEAD_OF: set = set()  # what `compile_backward_ahead` has compiled for (or begun to)
 
 
 def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
@@ -414,18 +415,26 @@ def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     if (not q.is_cuda or not autotunes(q) or tile_table.autotuning_requested()
             or os.environ.get("TUTORIAL_KERNELS_COMPILE_AHEAD", "1") == "0"):
         return
+    # what decides the binaries: the tuning key of `_kernel_arguments`, and how Triton specialises the
+    # integers (equal to 1, divisible by 16) among the lengths and q's, k's and v's strides
     head_dim = q.shape[3]
-    seen = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), head_dim, causal, head_dim_block(head_dim), q.dtype)
-    if seen in _PENDING or TUNED_DQ.choices.get(seen) is not None:  # (the tuning key of `_kernel_arguments`)
-        return  # compiling, or the backward has run at this key: each further call costs one lookup
+    tuning_key = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), head_dim, causal, head_dim_block(head_dim),
+                  q.dtype)
+    dense_q, dense_k = _Dense(q.shape, q.dtype), _Dense(k.shape, k.dtype)  # dO and dQ; dK and dV
+    seen = (tuning_key, *((n == 1, n % 16 == 0) for n in (
+        q.shape[2], k.shape[2], *q.stride(), *k.stride(), *v.stride(), *dense_q.stride(), *dense_k.stride(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr())))
+    if seen in _AHEAD_OF:
+        return  # compiled ahead already (or the call is the same but for its data): one lookup
+    if len(_AHEAD_OF) >= 4096:
+        _AHEAD_OF.clear()
+    _AHEAD_OF.add(seen)
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
     rows = _Dense((shape.batch, shape.heads, shape.n_q), torch.float32)  # lse and Δ
-    dkdv_args, dq_args, constexprs, tuning_key = _kernel_arguments(
-        shape, q, k, v, _Dense(q.shape, q.dtype), rows, rows, _Dense(q.shape, q.dtype), _Dense(k.shape, k.dtype),
-        _Dense(v.shape, v.dtype), causal)
+    dkdv_args, dq_args, constexprs, _ = _kernel_arguments(shape, q, k, v, dense_q, rows, rows, dense_q, dense_k,
+                                                          _Dense(v.shape, v.dtype), causal)
     # q, k and v themselves (their addresses' alignment is compiled in); a tensor not made yet as its dtype
     as_dtypes = lambda args: tuple(a.dtype if isinstance(a, _Dense) else a for a in args)  # noqa: E731
-    dense_q = _Dense(q.shape, q.dtype)
     device = q.device
 
     def compile_all() -> None:
@@ -436,7 +445,9 @@ def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
             TUNED_DKDV.compile_ahead(tuning_key, *as_dtypes(dkdv_args), **constexprs)
             TUNED_DQ.compile_ahead(tuning_key, *as_dtypes(dq_args), **constexprs)
 
-    _PENDING[tuning_key] = _AHEAD.submit(compile_all)
+    previous = _PENDING.get(tuning_key)  # a compile for another specialisation, not yet waited for
+    _PENDING[tuning_key] = _AHEAD.submit(compile_all) if previous is None else _AHEAD.submit(
+        lambda: (previous.exception(), compile_all()))  # one worker: the previous one has finished first
 
 
 def _wait_for_compiles_ahead(tuning_key) -> None:
