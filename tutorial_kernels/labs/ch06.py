@@ -333,7 +333,8 @@ def recompute_p_skeleton(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, MASKED: tl
     lse2: (BLOCK_M,) each row's log-sum-exp in log₂ units (lse · log₂e; +∞ for a row that sees no key);
     qk_scale = τ · log₂e. Return P = 2^(s · qk_scale − lse2), and, if MASKED, 0 where query r may not see
     key c (bottom-right causal: c ≤ r + (n_k − n_q))."""
-    # TODO: p = ...          exp2 of the scaled score minus the row's lse2 (broadcast: lse2[:, None])
+    # TODO: p = ...          exp2 of the scaled score minus the row's lse2 (broadcast: lse2[:, None]);
+    # TODO:                  cap that exponent at 0 with tl.minimum (P ≤ 1, whatever lse's rounding)
     # TODO: if MASKED:
     # TODO:     visible = ...  the causal condition, (BLOCK_M, BLOCK_N)
     # TODO:     p = ...        tl.where(visible, p, ...): a hidden key has probability 0
@@ -344,7 +345,7 @@ def recompute_p_skeleton(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, MASKED: tl
 @triton.jit
 def recompute_p(s, lse2, offs_m, offs_n, n_q, n_k, qk_scale, MASKED: tl.constexpr):
     """The solution: `_dq_from_key_tiles`' recomputation of P."""
-    p = tl.math.exp2(s * qk_scale - lse2[:, None])  # P = e^{τS − lse}
+    p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0))  # P = e^{min(τS − lse, 0)} ≤ 1
     if MASKED:
         visible = offs_n[None, :] <= offs_m[:, None] + (n_k - n_q)  # bottom-right causal
         p = tl.where(visible, p, 0.0)
@@ -371,7 +372,7 @@ def _masked_stage(strict: bool = False, offset: bool = True, everything: bool = 
 
 RECOMPUTE_MISTAKES = (
     Mistake("unchanged", "dQ came out as zeros: P is still the skeleton's 0. Recompute it: "
-            "p = tl.math.exp2(s * qk_scale - lse2[:, None]).", _all_zero),
+            "p = tl.math.exp2(tl.minimum(s * qk_scale - lse2[:, None], 0.0)).", _all_zero),
     Mistake("exp", "Your P is e^{log₂e · (τS − lse)}: both s · qk_scale and lse2 are in log₂ units (log₂e folded "
             "in), so use tl.math.exp2, not tl.exp.", _with_p(base=math.e)),
     Mistake("no_scale", "Your P is 2^(S − lse2): the raw scores need the scale. The forward's softmax is of τ·S, "

@@ -291,7 +291,7 @@ def test_the_training_forward_compiles_the_backward_the_gradients_run(layout, he
     """A training forward at a new shape starts compiling the backward's kernels, and compiles exactly
     what the backward then launches: after the forward the backward compiles nothing more. Then the
     same at lengths in the same bucket that Triton specialises apart (multiples of 16). Head
-    dimensions no other test uses, at n ≈ 5000 (bucket 8192), keep the shapes new in the process."""
+    dimensions no other test uses, at n ≈ 5000 (bucket 8192), keep the tiles new in the process."""
     from tutorial_kernels import ch06_backward as c6
 
     kernels = (c6._attn_bwd_preprocess_kernel, c6._attn_bwd_dkdv_kernel, c6._attn_bwd_dq_kernel)
@@ -299,13 +299,12 @@ def test_the_training_forward_compiles_the_backward_the_gradients_run(layout, he
         x = random_qkv(1, 4, n_q, n_k, head_dim, torch.float16, "cuda", layout=layout)
         q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k[:, :2], x.v[:, :2]))
         assert backward_kernel_for(q, k, v, q, True) == "triton-tuned"
-        before = [_compiled(kernel) for kernel in kernels]
+        for kernel in kernels:  # another test may have compiled the same binaries: forget them (the
+            kernel.device_caches.clear()  # disk cache gives them back fast)
         out = flash_attention(q, k, v, causal=True)
         for future in list(c6._PENDING.values()):
             future.result()
-        ahead = [_compiled(kernel) for kernel in kernels]
-        # dK/dV's and dQ's binaries are new; Δ's kernel (head_dim block, lengths) may have run in another test
-        assert ahead[1:] == [b + 1 for b in before[1:]] and ahead[0] - before[0] in (0, 1), f"{before} → {ahead}"
+        assert [_compiled(kernel) for kernel in kernels] == [1, 1, 1], "the forward compiled no backward ahead"
         out.backward(torch.randn_like(out))
-        assert [_compiled(kernel) for kernel in kernels] == ahead, f"the backward compiled again at {n_q, n_k}"
+        assert [_compiled(kernel) for kernel in kernels] == [1, 1, 1], f"the backward compiled again at {n_q, n_k}"
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))

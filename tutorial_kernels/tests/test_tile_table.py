@@ -128,6 +128,7 @@ def test_without_a_rule_or_fallback_a_key_is_an_error(monkeypatch):
         _kernel(lambda key: None, fallback=None).launch(lambda meta: (1,), ("key",), None)
 
 
+@pytest.mark.cpu("the interpreter's one candidate (a GPU's float32 runs the teaching configuration, untuned)")
 def test_autotuning_runs_only_when_asked_and_reports_its_choice(monkeypatch):
     """Inside `tile_table.autotuning()` a new key goes to the autotuner (the interpreter's one candidate
     here), and the choice reaches `on_tuned`; outside it, the rule decides."""
@@ -146,6 +147,7 @@ def test_autotuning_runs_only_when_asked_and_reports_its_choice(monkeypatch):
     assert tile_table.autotuning_requested()
 
 
+@pytest.mark.cpu("tensors on the CPU where no GPU is")
 def test_tune_needs_a_gpu():
     from tutorial_kernels import tune
 
