@@ -81,3 +81,30 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     if ref_norm == 0.0:
         return err_norm  # an all-zero reference (every query masked): compare absolutely
     return err_norm / ref_norm
+
+
+def cached_keys(cache: torch.Tensor, b: int, n_keys: int, block_table: torch.Tensor | None = None) -> torch.Tensor:
+    """Sequence b's first n_keys rows of a KV cache as (1, H_kv, n_keys, d): from a contiguous cache
+    (B, H_kv, capacity, d), or a paged one (num_blocks, H_kv, block_size, d) through block_table (B, blocks)."""
+    if block_table is None:
+        return cache[b:b + 1, :, :n_keys]
+    block_size = cache.shape[2]
+    positions = torch.arange(n_keys, device=cache.device)
+    blocks = block_table[b].long()[positions // block_size]
+    return cache[blocks, :, positions % block_size].permute(1, 0, 2).unsqueeze(0)  # (1, H_kv, n_keys, d)
+
+
+def reference_kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                                n_keys: torch.Tensor, block_table: torch.Tensor | None = None, causal: bool = True,
+                                sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, lse) in float64 of q (B, H, n_q, d) against each sequence's first n_keys[b] cached keys and
+    values (`cached_keys`), the causal mask bottom-right per sequence; a row that sees no key: O = 0, lse = −∞."""
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        n = int(n_keys[b])
+        k, v = cached_keys(k_cache, b, n, block_table), cached_keys(v_cache, b, n, block_table)
+        s = reference_scores(q[b:b + 1], k, causal, sm_scale)
+        p = reference_softmax(s) if n else s  # (no key: an empty sum, O = 0)
+        outs.append(p @ expand_kv_heads(v, q.shape[1]).double())
+        lses.append(reference_log_sum_exp(s))
+    return torch.cat(outs), torch.cat(lses)

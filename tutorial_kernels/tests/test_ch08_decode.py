@@ -1,0 +1,196 @@
+"""Chapter 8's decode attention against a KV cache: per-sequence lengths (0 and 1 included), keys
+appended in place, contiguous and paged caches (blocks partly filled, shuffled in the pool), GQA and
+MQA packing, any number of splits (some with no key), n_q > 1 with the bottom-right causal mask, odd
+head dims; every buffer poisoned with NaN; outputs within the peers' rule (2 × PyTorch's own error in
+the same dtype, elementwise, against float64)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from tutorial_kernels import ch08_decode
+from tutorial_kernels.ch08_decode import choose_num_splits, flash_attention_with_kvcache
+from tutorial_kernels.inputs import fresh_seed
+from tutorial_kernels.reference import cached_keys, reference_kvcache_attention
+from tutorial_kernels.testing import (KERNEL_DTYPES, ON_GPU, PEER_OUTPUT_FACTOR, assert_within_peer_rule,
+                                      torch_attention_same_dtype)
+from tutorial_kernels.runtime import default_device
+
+DEVICE = default_device()
+
+
+@dataclass(frozen=True)
+class DecodeCase:
+    batch: int
+    heads: int
+    kv_heads: int
+    n_q: int
+    head_dim: int
+    lengths: tuple[int, ...]  # cached keys per sequence, before the append
+    n_new: int  # keys and values appended
+    block_size: int | None  # None: a contiguous cache
+    num_splits: int | None
+    causal: bool = True
+
+    @property
+    def id(self) -> str:
+        cache = f"paged{self.block_size}" if self.block_size else "contiguous"
+        return (f"b{self.batch}h{self.heads}kv{self.kv_heads}-nq{self.n_q}-d{self.head_dim}-len"
+                f"{'_'.join(map(str, self.lengths))}-new{self.n_new}-{cache}-splits{self.num_splits}-"
+                f"{'causal' if self.causal else 'full'}")
+
+
+CASES = [
+    DecodeCase(2, 4, 2, 1, 64, (37, 5), 0, None, None),  # decode, GQA, the rule's splits
+    DecodeCase(3, 4, 1, 1, 59, (0, 1, 50), 1, None, 3),  # MQA; an empty cache and one key, one appended
+    DecodeCase(2, 6, 2, 3, 80, (20, 0), 2, 16, 4),  # speculative tokens; paged, partly filled blocks
+    DecodeCase(1, 2, 2, 1, 16, (3,), 0, 16, 5),  # MHA; splits that see no key
+    DecodeCase(2, 8, 2, 5, 32, (9, 40), 0, 16, 2, causal=False),
+    DecodeCase(2, 4, 4, 17, 16, (4, 30), 0, None, 1),  # a prompt chunk longer than some caches: blind rows
+]
+if ON_GPU:
+    CASES += [
+        DecodeCase(8, 32, 8, 1, 128, (4096, 1, 3000, 0, 4095, 17, 2048, 1000), 1, None, None),
+        DecodeCase(4, 32, 8, 1, 128, (5000, 100, 0, 4097), 1, 256, None),
+        DecodeCase(4, 32, 32, 2, 64, (777, 1025, 1, 64), 2, 16, None),
+        DecodeCase(2, 16, 2, 64, 256, (300, 2000), 64, None, 7),
+    ]
+
+
+def _capacity(case: DecodeCase) -> int:
+    longest = max(case.lengths) + case.n_new
+    block = case.block_size or 16
+    return (longest // block + 2) * block  # room past the longest sequence: keys there must not be read
+
+
+def _draw(case: DecodeCase, dtype: torch.dtype, seed: int):
+    """q, the cache (random everywhere, also past each sequence's end), new k and v, the lengths and
+    the block table (blocks of the pool in a random order, never shared)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    randn = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)  # noqa: E731
+    capacity = _capacity(case)
+    q = randn(case.batch, case.heads, case.n_q, case.head_dim)
+    if case.block_size is None:
+        shape, table = (case.batch, case.kv_heads, capacity, case.head_dim), None
+    else:
+        per_sequence = capacity // case.block_size
+        pool = case.batch * per_sequence + 3  # spare blocks nobody owns
+        shape = (pool, case.kv_heads, case.block_size, case.head_dim)
+        table = torch.randperm(pool, generator=gen)[:case.batch * per_sequence].view(case.batch, per_sequence)
+        table = table.to(torch.int32).to(DEVICE)
+    k_cache, v_cache = randn(*shape), randn(*shape)
+    k = v = None
+    if case.n_new:
+        k, v = (randn(case.batch, case.kv_heads, case.n_new, case.head_dim) for _ in "kv")
+    lengths = torch.tensor(case.lengths, dtype=torch.int32, device=DEVICE)
+    return q, k_cache, v_cache, k, v, lengths, table
+
+
+def _pytorch_same_dtype(q, k_cache, v_cache, n_keys, table, causal):
+    """PyTorch's attention in q's dtype, one sequence at a time over its cached keys (zeros without keys)."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(n_keys[b])
+        k, v = cached_keys(k_cache, b, n, table), cached_keys(v_cache, b, n, table)
+        outs.append(torch_attention_same_dtype(q[b:b + 1], k, v, causal) if n else torch.zeros_like(q[b:b + 1]))
+    return torch.cat(outs)
+
+
+@pytest.fixture
+def poisoned_buffers(monkeypatch):
+    """Every buffer the launcher allocates starts as NaN: an element no kernel writes stays NaN."""
+    def empty(*shape, dtype, device):
+        return torch.full(*shape, float("nan"), dtype=dtype, device=device)
+    monkeypatch.setattr(ch08_decode, "_empty", empty)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_decode_matches_float64_within_the_peer_rule(case: DecodeCase, dtype: torch.dtype, poisoned_buffers):
+    seed = fresh_seed()
+    q, k_cache, v_cache, k, v, lengths, table = _draw(case, dtype, seed)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    out, lse = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, block_table=table,
+                                            causal=case.causal, num_splits=case.num_splits, return_lse=True)
+    n_keys = lengths + case.n_new
+    want, want_lse = reference_kvcache_attention(q, k_cache, v_cache, n_keys, table, case.causal)
+    baseline = _pytorch_same_dtype(q, k_cache, v_cache, n_keys, table, case.causal)
+    assert_within_peer_rule(out, want, baseline, factor=PEER_OUTPUT_FACTOR, seed=seed)
+    blind = torch.isinf(want_lse)
+    assert torch.equal(torch.isneginf(lse), blind), f"lse is −∞ exactly where a row sees no key; seed={seed}"
+    assert (lse[~blind].double() - want_lse[~blind]).abs().max().item() <= 1e-3 if (~blind).any() else True, \
+        f"lse: {(lse[~blind].double() - want_lse[~blind]).abs().max().item():.2e}; seed={seed}"
+    # the append wrote the new rows, and only them
+    expected_k, expected_v = before_k.clone(), before_v.clone()
+    if case.n_new:
+        ch08_decode._append(expected_k, expected_v, k, v, lengths, table)
+        for b in range(case.batch):
+            got = cached_keys(k_cache, b, int(n_keys[b]), table)[:, :, int(lengths[b]):]
+            assert torch.equal(got, k[b:b + 1]), f"sequence {b}'s appended keys; seed={seed}"
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v), f"the cache elsewhere; seed={seed}"
+
+
+def test_the_splits_merge_to_the_one_pass_answer():
+    """Any number of splits gives the one-split output, to rounding (the merge is exact in real numbers)."""
+    case = DecodeCase(2, 4, 2, 2, 32, (45, 12), 0, None, None)
+    q, k_cache, v_cache, _, _, lengths, _ = _draw(case, torch.float32, fresh_seed())
+    one = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1)
+    for splits in (2, 3, 7, 40):
+        many = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits)
+        assert (many - one).abs().max().item() < 1e-5, splits
+
+
+def test_an_int_length_means_every_sequence():
+    case = DecodeCase(2, 2, 1, 1, 16, (20, 20), 0, None, 1)
+    q, k_cache, v_cache, _, _, lengths, _ = _draw(case, torch.float32, fresh_seed())
+    by_tensor = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+    assert torch.equal(flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=20), by_tensor)
+
+
+def test_num_splits_fills_the_gpu_and_keeps_splits_long():
+    assert choose_num_splits(1, 8, 1, 32768, 132, 64) == 33  # 8 programs → 2 × 132 / 8 splits
+    assert choose_num_splits(64, 8, 1, 32768, 132, 64) == 1  # 512 programs already fill 132 SMs
+    assert choose_num_splits(1, 8, 1, 1000, 132, 64) == 3  # no split shorter than 256 keys
+    assert choose_num_splits(1, 1, 1, 100, 132, 64) == 1
+
+
+def _valid():
+    q = torch.randn(2, 4, 1, 16, device=DEVICE)
+    cache = torch.randn(2, 2, 32, 16, device=DEVICE)
+    return q, cache, cache.clone()
+
+
+@pytest.mark.parametrize("change, error, match", [
+    (lambda a: {**a, "q": a["q"].double()}, TypeError, r"q\.dtype"),
+    (lambda a: {**a, "k_cache": a["k_cache"].half()}, TypeError, r"k_cache\.dtype"),
+    (lambda a: {**a, "q": a["q"][0]}, ValueError, r"q must have 4 dimensions"),
+    (lambda a: {**a, "k_cache": torch.randn(2, 3, 32, 16, device=DEVICE), "v_cache": torch.randn(2, 3, 32, 16,
+                                                                                        device=DEVICE)},
+     ValueError, r"k_cache's heads \(3\) must divide q's \(4\)"),
+    (lambda a: {**a, "v_cache": a["v_cache"][:, :, :16]}, ValueError, r"k_cache and v_cache must have one shape"),
+    (lambda a: {**a, "cache_seqlens": torch.tensor([3], dtype=torch.int32, device=DEVICE)}, ValueError,
+     r"cache_seqlens must be \(2,\)"),
+    (lambda a: {**a, "cache_seqlens": torch.tensor([3.0, 1.0], device=DEVICE)}, TypeError, r"cache_seqlens\.dtype"),
+    (lambda a: {**a, "k": torch.randn(2, 2, 1, 16, device=DEVICE)}, ValueError, r"k and v must be given together"),
+    (lambda a: {**a, "block_table": torch.zeros(2, 2, dtype=torch.float32, device=DEVICE)}, TypeError,
+     r"block_table\.dtype"),
+    (lambda a: {**a, "num_splits": 0}, ValueError, r"num_splits"),
+    (lambda a: {**a, "causal": 1}, TypeError, r"causal must be a bool"),
+])
+def test_bad_input_names_the_argument(change, error, match):
+    q, k_cache, v_cache = _valid()
+    args = change(dict(q=q, k_cache=k_cache, v_cache=v_cache, cache_seqlens=torch.tensor([3, 5], dtype=torch.int32,
+                                                                                         device=DEVICE)))
+    with pytest.raises(error, match=match):
+        flash_attention_with_kvcache(**args)
+
+
+@pytest.mark.cpu("a length past the capacity, checked where checking is free")
+def test_a_length_past_the_cache_is_refused_on_the_cpu():
+    q, k_cache, v_cache = _valid()
+    with pytest.raises(ValueError, match=r"cache_seqlens \+ n_new must be within 0 … 32"):
+        flash_attention_with_kvcache(q, k_cache, v_cache, torch.randn(2, 2, 2, 16), torch.randn(2, 2, 2, 16),
+                                     cache_seqlens=torch.tensor([31, 3], dtype=torch.int32))
