@@ -26,9 +26,9 @@ from tutorial_kernels.runtime import choose_execution_mode
 # Must run before any chapter module is imported: @triton.jit reads TRITON_INTERPRET when it decorates.
 choose_execution_mode()
 
-from tutorial_kernels.attention import flash_attention, scaled_dot_product_attention  # noqa: E402
+from tutorial_kernels.attention import (  # noqa: E402
+    flash_attention, flash_attention_with_kvcache, scaled_dot_product_attention)
 from tutorial_kernels.ch02_naive_attention import eager_attention, naive_attention  # noqa: E402
-from tutorial_kernels.ch08_decode import flash_attention_with_kvcache  # noqa: E402
 from tutorial_kernels.reference import reference_attention  # noqa: E402
 from tutorial_kernels.tuning import tune  # noqa: E402
 

@@ -37,6 +37,7 @@ import torch
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
+from tutorial_kernels.ch08_decode import check_kvcache_inputs, run_kvcache
 from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
                                           preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
@@ -316,4 +317,37 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 # --8<-- [end:sdpa]
 
 
-__all__ = ["flash_attention", "scaled_dot_product_attention", "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]
+
+
+# --8<-- [start:kvcache]
+@torch.library.custom_op("tutorial_kernels::attention_kvcache", mutates_args=("k_cache", "v_cache"))
+def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
+                       v: torch.Tensor | None, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None,
+                       causal: bool, sm_scale: float, num_splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chapter 8's decode attention as an operator torch.compile can trace: (O, lse); k and v appended
+    to the cache in place."""
+    return run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, sm_scale, num_splits)
+
+
+@_attention_kvcache.register_fake
+def _(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, sm_scale, num_splits):
+    return q.new_empty(q.shape), q.new_empty(q.shape[:3], dtype=torch.float32)
+
+
+def flash_attention_with_kvcache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None, *, cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None = None,
+    causal: bool = True, sm_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
+):
+    """New queries against a KV cache, contiguous or paged, after appending k and v to it in place:
+    chapter 8's kernels (`ch08_decode.flash_attention_with_kvcache` states the arguments, flash-attn's
+    names). Under torch.compile the call is one operator of the graph; eagerly it skips the operator's
+    dispatch, as `flash_attention` does. Returns O (B, H, n_q, d), and with return_lse (O, lse)."""
+    cache_seqlens, scale = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal,
+                                                sm_scale, num_splits)
+    run = _attention_kvcache if torch.compiler.is_compiling() else run_kvcache
+    out, lse = run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, num_splits)
+    return (out, lse) if return_lse else out
+# --8<-- [end:kvcache]
+
+__all__ = ["flash_attention", "scaled_dot_product_attention", "flash_attention_with_kvcache", "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]

@@ -197,25 +197,10 @@ def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: to
     v_cache[sequences, :, rows] = v.permute(0, 2, 1, 3).to(v_cache.dtype)
 
 
-# --8<-- [start:launcher]
-def flash_attention_with_kvcache(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
-    v: torch.Tensor | None = None, *, cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None = None,
-    causal: bool = True, sm_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
-):
-    """softmax(τ Q Kᵀ) V of new queries against a KV cache (after appending k and v to it, in place).
-
-    q: (B, H, n_q, d). Contiguous cache: k_cache, v_cache (B, H_kv, capacity, d). Paged cache:
-    k_cache, v_cache (num_blocks, H_kv, block_size, d) and block_table (B, blocks per sequence) int32,
-    sequence b's key j in block block_table[b, j // block_size]. Any strides (flash-attn's
-    (…, tokens, H_kv, d) layout as `.transpose(1, 2)`). cache_seqlens: (B,) int32 or an int, the keys
-    already cached per sequence; k, v: (B, H_kv, n_new, d) or None, appended at cache_seqlens. Each
-    sequence then attends over its cache_seqlens[b] + n_new keys; causal masks bottom-right. H_kv
-    divides H; 16 ≤ d ≤ 256; float16, bfloat16 or float32. num_splits: None chooses (`choose_num_splits`).
-    Returns O (B, H, n_q, d) in q's dtype, and with return_lse the log-sum-exp (B, H, n_q) float32.
-    Positions past a sequence's capacity are not checked on the GPU (as flash-attn); raises ValueError
-    or TypeError naming the argument for bad shapes, dtypes or devices.
-    """
+def check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, sm_scale,
+                         num_splits) -> tuple[torch.Tensor, float]:
+    """Validate `flash_attention_with_kvcache`'s arguments (its docstring states them); return
+    cache_seqlens as a (B,) tensor and the scale. Raises TypeError / ValueError naming the argument."""
     _check("q", q, 4, SUPPORTED_DTYPES)
     _check("k_cache", k_cache, 4, (q.dtype,))
     _check("v_cache", v_cache, 4, (q.dtype,))
@@ -258,7 +243,7 @@ def flash_attention_with_kvcache(
             raise ValueError(f"k and v must be ({batch}, {kv_heads}, n_new, {head_dim}), got {tuple(k.shape)} "
                              f"and {tuple(v.shape)}")
         n_new = k.shape[2]
-    if not q.is_cuda:  # a CPU check is free; on the GPU it would wait for the device (as flash-attn, none)
+    if not q.is_cuda and not torch.compiler.is_compiling():  # free on the CPU; on the GPU it would wait for it
         longest = int(cache_seqlens.max()) + n_new if batch else 0
         if longest > capacity or (batch and int(cache_seqlens.min()) < 0):
             raise ValueError(f"cache_seqlens + n_new must be within 0 … {capacity} (the cache's capacity), "
@@ -268,14 +253,48 @@ def flash_attention_with_kvcache(
     if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be None or a positive int, got {num_splits!r}")
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    return cache_seqlens, scale
 
+
+# --8<-- [start:launcher]
+def flash_attention_with_kvcache(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None = None,
+    v: torch.Tensor | None = None, *, cache_seqlens: torch.Tensor | int, block_table: torch.Tensor | None = None,
+    causal: bool = True, sm_scale: float | None = None, num_splits: int | None = None, return_lse: bool = False,
+):
+    """softmax(τ Q Kᵀ) V of new queries against a KV cache (after appending k and v to it, in place).
+
+    q: (B, H, n_q, d). Contiguous cache: k_cache, v_cache (B, H_kv, capacity, d). Paged cache:
+    k_cache, v_cache (num_blocks, H_kv, block_size, d) and block_table (B, blocks per sequence) int32,
+    sequence b's key j in block block_table[b, j // block_size]. Any strides (flash-attn's
+    (…, tokens, H_kv, d) layout as `.transpose(1, 2)`). cache_seqlens: (B,) int32 or an int, the keys
+    already cached per sequence; k, v: (B, H_kv, n_new, d) or None, appended at cache_seqlens. Each
+    sequence then attends over its cache_seqlens[b] + n_new keys; causal masks bottom-right. H_kv
+    divides H; 16 ≤ d ≤ 256; float16, bfloat16 or float32. num_splits: None chooses (`choose_num_splits`).
+    Returns O (B, H, n_q, d) in q's dtype, and with return_lse the log-sum-exp (B, H, n_q) float32.
+    Positions past a sequence's capacity are not checked on the GPU (as flash-attn); raises ValueError
+    or TypeError naming the argument for bad shapes, dtypes or devices.
+    """
+    cache_seqlens, scale = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal,
+                                                sm_scale, num_splits)
+    out, lse = run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, num_splits)
+    return (out, lse) if return_lse else out
+
+
+def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: bool, scale: float,
+                num_splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The launches of `flash_attention_with_kvcache` on checked inputs: (O, lse)."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads = k_cache.shape[1]
+    capacity = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
+    n_new = 0 if k is None else k.shape[2]
     if n_new:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
     n_keys = (cache_seqlens + n_new).to(torch.int32)  # every sequence's keys after the append
     out = _empty(q.shape, dtype=q.dtype, device=q.device)
     lse = _empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
-        return (out, lse) if return_lse else out
+        return out, lse
 
     group = heads // kv_heads
     if interpreter_active():
@@ -310,8 +329,8 @@ def flash_attention_with_kvcache(
             part, part_lse, out, lse, part.stride(2), part.stride(3), part.stride(4), part_lse.stride(2),
             part_lse.stride(3), *out.stride(), heads, n_q, head_dim, num_splits,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
-    return (out, lse) if return_lse else out
+    return out, lse
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attention_with_kvcache", "choose_num_splits"]
+__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits"]

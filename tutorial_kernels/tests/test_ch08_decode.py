@@ -194,3 +194,31 @@ def test_a_length_past_the_cache_is_refused_on_the_cpu():
     with pytest.raises(ValueError, match=r"cache_seqlens \+ n_new must be within 0 … 32"):
         flash_attention_with_kvcache(q, k_cache, v_cache, torch.randn(2, 2, 2, 16), torch.randn(2, 2, 2, 16),
                                      cache_seqlens=torch.tensor([31, 3], dtype=torch.int32))
+
+
+def test_the_front_door_compiles_without_a_graph_break_and_appends_in_place():
+    """`tutorial_kernels.flash_attention_with_kvcache` under torch.compile(fullgraph=True): one operator in
+    the graph, the same output and the same cache as eagerly (aot_eager on the CPU, inductor on a GPU)."""
+    import tutorial_kernels
+
+    case = DecodeCase(2, 4, 2, 1, 32, (7, 20), 1, 16, None)
+    q, k_cache, v_cache, k, v, lengths, table = _draw(case, torch.float32, fresh_seed())
+    eager_k, eager_v = k_cache.clone(), v_cache.clone()
+
+    def step(q, k_cache, v_cache, k, v, lengths, table):
+        return tutorial_kernels.flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths,
+                                                             block_table=table, return_lse=True)
+
+    want, want_lse = step(q, eager_k, eager_v, k, v, lengths, table)
+    compiled = torch.compile(step, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
+    got, got_lse = compiled(q, k_cache, v_cache, k, v, lengths, table)
+    assert torch.equal(got, want) and torch.equal(got_lse, want_lse)
+    assert torch.equal(k_cache, eager_k) and torch.equal(v_cache, eager_v)
+
+
+def test_the_operator_passes_opcheck():
+    from tutorial_kernels.attention import _attention_kvcache
+
+    case = DecodeCase(2, 4, 2, 2, 16, (5, 9), 1, None, 2)
+    q, k_cache, v_cache, k, v, lengths, _ = _draw(case, torch.float32, fresh_seed())
+    torch.library.opcheck(_attention_kvcache, (q, k_cache, v_cache, k, v, lengths, None, True, 0.25, 2))
