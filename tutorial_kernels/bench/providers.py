@@ -1,9 +1,11 @@
 """The implementations the harness times, by key: `PROVIDERS[key]` is a `Provider`.
 
 A provider's `fn` takes the arguments its shape draws: attention `(q, k, v, causal)` (also for
-`TrainingShape`, with autograd), matmul `(a, b)`, softmax and reduction `(x,)`. Importing this module
-compiles nothing: Triton kernels compile on their first launch, chapter 1's CUDA extension on its
-first call.
+`TrainingShape`, with autograd), matmul `(a, b)`, softmax and reduction `(x,)`. Decoding
+(`DecodeShape`) is the exception: its `fn(q, k_cache, v_cache, seqlens)` gets a contiguous cache, lays
+it out as it reads it (a paged pool, a slice), untimed, and returns the call to time. Importing this
+module compiles nothing: Triton kernels compile on their first launch, chapter 1's CUDA extension on
+its first call.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from tutorial_kernels import ch04_flash_v1 as ch04
 from tutorial_kernels import ch05_flash_v2 as ch05
 from tutorial_kernels import ch07_hopper
 from tutorial_kernels import ch06_backward as ch06
+from tutorial_kernels.ch08_decode import flash_attention_with_kvcache
+from tutorial_kernels.validation import UnsupportedShape
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,76 @@ def _sdpa(q, k, v, causal):
 def _pinned(backend: SDPBackend) -> Callable[[], contextlib.AbstractContextManager]:
     # a factory, not one context: the harness enters the provider's context several times
     return partial(sdpa_kernel, backend)
+
+
+def paged_copy(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor, block_size: int,
+               seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each sequence's first seqlens[b] keys and values of a contiguous cache (B, H_kv, capacity, d),
+    copied into pools (num_blocks, H_kv, block_size, d) of just the blocks they fill, handed out in a
+    shuffled order (torch.randperm, `seed`) as an allocator serving many sequences leaves them; and the
+    block table (B, ⌈capacity / block_size⌉) int32, 0 past a sequence's blocks (never read)."""
+    batch, kv_heads, capacity, d = k_cache.shape
+    counts = [-(-n // block_size) for n in seqlens.tolist()]
+    order = torch.randperm(sum(counts), generator=torch.Generator(device="cpu").manual_seed(seed))
+    pools = [cache.new_empty((sum(counts), kv_heads, block_size, d)) for cache in (k_cache, v_cache)]
+    table = torch.zeros((batch, -(-capacity // block_size)), dtype=torch.int32)
+    start = 0
+    for b, count in enumerate(counts):  # one sequence at a time: the copy's temporaries stay small
+        blocks = order[start:start + count]
+        start += count
+        table[b, :count] = blocks
+        for pool, cache in zip(pools, (k_cache, v_cache)):
+            tokens = cache[b, :, :count * block_size]  # (H_kv, tokens, d)
+            if tokens.shape[1] < count * block_size:  # a last block past the cache's capacity: zeros, never read
+                tokens = torch.cat([tokens, tokens.new_zeros(kv_heads, count * block_size - tokens.shape[1], d)], 1)
+            pool[blocks.to(pool.device)] = tokens.reshape(kv_heads, count, block_size, d).transpose(0, 1)
+    return pools[0], pools[1], table.to(k_cache.device)
+
+
+def _kvcache(block_size: int | None) -> Callable:
+    """flash_attention_with_kvcache reading the drawn cache (None), or a paged copy of it, with no append."""
+    def factory(q, k_cache, v_cache, seqlens):
+        if block_size is None:
+            return lambda: flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+        k_pool, v_pool, table = paged_copy(k_cache, v_cache, seqlens, block_size)
+        return lambda: flash_attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=seqlens, block_table=table)
+    return factory
+
+
+def _sliced(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache cut to the batch's one length; UnsupportedShape when lengths differ (one call takes one
+    length: per-sequence lengths would need a mask, or a call per sequence)."""
+    lengths = set(seqlens.tolist())
+    if len(lengths) > 1:
+        raise UnsupportedShape(f"one length per call, and these sequences hold {min(lengths)} to {max(lengths)} keys")
+    n = lengths.pop() if lengths else 0
+    return k_cache[:, :, :n], v_cache[:, :, :n]
+
+
+def _sdpa_decode(q, k_cache, v_cache, seqlens):
+    k, v = _sliced(k_cache, v_cache, seqlens)
+    # not causal: SDPA aligns its mask top-left, and the one query, the last position, sees every key
+    return lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+
+
+def _sdpa_cudnn_decode(q, k_cache, v_cache, seqlens):
+    call = _sdpa_decode(q, k_cache, v_cache, seqlens)
+
+    def refusable():
+        # cuDNN may accept the inputs at dispatch and then build no plan for them (one query row, grouped
+        # heads): that is a refusal, recorded, where `refusal_reason` would let the suite stop on it
+        try:
+            return call()
+        except RuntimeError as err:
+            if "cudnn" not in str(err).lower():
+                raise
+            raise UnsupportedShape((str(err).strip().splitlines() or ["cuDNN"])[0]) from err
+    return refusable
+
+
+def _front_door_decode(q, k_cache, v_cache, seqlens):
+    k, v = _sliced(k_cache, v_cache, seqlens)
+    return lambda: attention.flash_attention(q, k, v, causal=True)  # bottom-right: the query sees every key
 
 
 PROVIDERS: dict[str, Provider] = {
@@ -68,6 +142,17 @@ PROVIDERS: dict[str, Provider] = {
                            lambda q, k, v, causal: attention.flash_attention(q, k, v, causal)),
     "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", partial(ch06.flash_attention, tuned=True),
                                 config=ch06.tuned_backward_choice),
+    # decoding (DecodeShape): fn(q, k_cache, v_cache, seqlens) → the call to time
+    "kvcache": Provider("flash_attention_with_kvcache, contiguous cache (ch. 8)", _kvcache(None)),
+    "kvcache-paged16": Provider("flash_attention_with_kvcache, paged cache, 16-token blocks (ch. 8)", _kvcache(16)),
+    "kvcache-paged256": Provider("flash_attention_with_kvcache, paged cache, 256-token blocks (ch. 8)",
+                                 _kvcache(256)),
+    "sdpa-flash-gqa": Provider("torch SDPA: flash, enable_gqa, on the sliced cache", _sdpa_decode,
+                               _pinned(SDPBackend.FLASH_ATTENTION)),
+    "sdpa-cudnn-gqa": Provider("torch SDPA: cuDNN, enable_gqa, on the sliced cache", _sdpa_cudnn_decode,
+                               _pinned(SDPBackend.CUDNN_ATTENTION)),
+    "front-door-decode": Provider("tutorial_kernels.flash_attention on the sliced cache (the front door)",
+                                  _front_door_decode),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
     "triton-matmul-pointers": Provider("Triton matmul, pointer tiles (ch. 3)", partial(ch03.matmul, method="pointers")),

@@ -2,7 +2,7 @@
 data row) with the same protocol:
 
 - `draw()`: fresh random inputs on the GPU, as the provider's arguments, and the seed that drew them;
-- `prepare(fn, args)` (attention only): the call to time; other shapes time `fn(*args)`;
+- `prepare(fn, args)` (attention and decoding only): the call to time; other shapes time `fn(*args)`;
 - `check(out, args)`: the output's relative error against a float64 reference, as a dict for the row;
 - `rates(ms)`: TFLOP/s or GB/s for a time in milliseconds.
 """
@@ -16,7 +16,9 @@ import torch
 
 from tutorial_kernels.ch01_gpu_hierarchy import reduction_error
 from tutorial_kernels.inputs import fresh_seed, random_qkv
-from tutorial_kernels.reference import reference_attention, reference_softmax, relative_error
+from tutorial_kernels.reference import (reference_attention, reference_kvcache_attention, reference_softmax,
+                                        relative_error)
+from tutorial_kernels.runtime import default_device
 
 
 @dataclass(frozen=True)
@@ -173,3 +175,68 @@ class ReductionShape:
 
     def rates(self, ms: float) -> dict:
         return {"gb_per_s": self.min_bytes / (ms * 1e-3) / 1e9}
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """One decoding step: one new query per sequence, q (batch, heads, 1, head_dim), against a KV cache of
+    kv_heads heads holding n keys per sequence, or with `varying_lengths` seqlens[b] keys drawn uniformly
+    in [n/2, n] from `lengths_seed` (the same lengths in every run). The cache is drawn contiguous,
+    (batch, kv_heads, n, head_dim); a provider's fn is a factory, fn(q, k_cache, v_cache, seqlens) → the
+    call to time, which lays the cache out as it reads it (a paged pool, a slice) untimed."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    n: int  # keys per sequence (the most, with varying lengths); `--n` selects on it
+    head_dim: int
+    dtype: str = "float16"
+    varying_lengths: bool = False
+    lengths_seed: int = 0
+
+    @property
+    def seqlens(self) -> list[int]:
+        """Keys cached per sequence."""
+        if not self.varying_lengths:
+            return [self.n] * self.batch
+        g = torch.Generator(device="cpu").manual_seed(self.lengths_seed)
+        return torch.randint(self.n // 2, self.n + 1, (self.batch,), generator=g).tolist()
+
+    @property
+    def cache_bytes(self) -> int:
+        """K and V as drawn, n keys for every sequence: what one provider's inputs hold."""
+        return 2 * self.batch * self.kv_heads * self.n * self.head_dim * getattr(torch, self.dtype).itemsize
+
+    @property
+    def kv_bytes(self) -> int:
+        """What one step must read, each key and value once: Σ_b seqlens[b] · kv_heads · d · 2 · itemsize."""
+        return 2 * sum(self.seqlens) * self.kv_heads * self.head_dim * getattr(torch, self.dtype).itemsize
+
+    def draw(self) -> tuple[tuple, int]:
+        seed = fresh_seed()
+        device = default_device()
+        gen = torch.Generator(device=device).manual_seed(seed)
+        dtype = getattr(torch, self.dtype)
+
+        def randn(*shape: int) -> torch.Tensor:  # in the dtype itself: a float32 draw of a 10 GiB cache needs 20 more
+            return torch.randn(*shape, generator=gen, device=device, dtype=dtype)
+
+        q = randn(self.batch, self.heads, 1, self.head_dim)
+        k_cache, v_cache = (randn(self.batch, self.kv_heads, self.n, self.head_dim) for _ in "kv")
+        return (q, k_cache, v_cache, torch.tensor(self.seqlens, dtype=torch.int32, device=device)), seed
+
+    def prepare(self, fn: Callable, args: tuple) -> Callable:
+        """The provider's layout is built here, untimed (and outside the peak-memory measurement)."""
+        return fn(*args)
+
+    def check(self, out: torch.Tensor, args: tuple) -> dict:
+        """Query head 0 (which reads KV head 0) of every sequence, each over its own keys, against float64."""
+        q, k_cache, v_cache, seqlens = args
+        ref, _ = reference_kvcache_attention(q[:, :1], k_cache[:, :1], v_cache[:, :1], seqlens)
+        row = {"rel_err_head0": relative_error(out[:, :1], ref)}
+        if self.varying_lengths:
+            row["seqlens"] = self.seqlens
+        return row
+
+    def rates(self, ms: float) -> dict:
+        return {"gb_per_s": self.kv_bytes / (ms * 1e-3) / 1e9}

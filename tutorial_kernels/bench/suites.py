@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tutorial_kernels.bench.shapes import MatmulShape, ReductionShape, Shape, SoftmaxShape, TrainingShape
+from tutorial_kernels.bench.shapes import DecodeShape, MatmulShape, ReductionShape, Shape, SoftmaxShape, TrainingShape
 
 
 @dataclass
@@ -26,6 +26,32 @@ def fa2_paper_shapes(head_dims, lengths, dtypes=("float16", "bfloat16")) -> list
         Shape(16384 // n, 2048 // d, n, d, causal, dtype)
         for dtype in dtypes for d in head_dims for causal in (False, True) for n in lengths
     ]
+
+
+DECODE_PROVIDERS = ["kvcache", "kvcache-paged16", "kvcache-paged256", "sdpa-flash-gqa", "sdpa-cudnn-gqa",
+                    "front-door-decode"]
+# measure_shape holds every provider's inputs until the cell is timed, so a cell needs one cache per
+# provider at once; 64 GiB of them leaves an 80 GB H100 room for outputs, a paged copy's moment of
+# two caches and do_bench's L2 flush
+DECODE_MEMORY_BYTES = 64 * 2**30
+
+
+def decode_shapes(batches=(1, 8, 64), lengths=(1024, 4096, 32768, 131072), heads=((32, 8), (32, 32)),
+                  head_dims=(64, 128), dtypes=("bfloat16", "float16"),
+                  providers: int = len(DECODE_PROVIDERS), memory: int = DECODE_MEMORY_BYTES) -> list[DecodeShape]:
+    """Every (dtype, equal or varying lengths, d, (H, H_kv), B, n) cell whose caches, one per provider, fit
+    in `memory` bytes; the others are not generated (a cache that cannot be drawn is no measurement)."""
+    cells = [DecodeShape(b, h, h_kv, n, d, dtype, varying)
+             for dtype in dtypes for varying in (False, True) for d in head_dims for h, h_kv in heads
+             for b in batches for n in lengths]
+    return [s for s in cells if providers * s.cache_bytes <= memory]
+
+
+def _decode_left_out() -> str:
+    """The (B, H_kv, n, d) cells `decode_shapes()` leaves out, for the suite's notes."""
+    kept = {(s.batch, s.kv_heads, s.n, s.head_dim) for s in decode_shapes()}
+    every = {(s.batch, s.kv_heads, s.n, s.head_dim) for s in decode_shapes(memory=2**80)}
+    return ", ".join(map(str, sorted(every - kept)))
 
 
 SUITES: dict[str, Suite] = {
@@ -130,6 +156,31 @@ SUITES: dict[str, Suite] = {
                 for s in fa2_paper_shapes((64, 128), (1024, 4096, 8192, 16384))],
         default_out="front_door_bwd.json",
         notes=["TFLOP/s counts 2.5 × the forward's FLOPs (five N×N×d matmuls to the forward's two)."],
+    ),
+    "decode": Suite(
+        description="Chapter 8: decoding from a KV cache, one new query per sequence against n cached keys, "
+        "B ∈ {1, 8, 64}, n ∈ {1024, 4096, 32768, 131072}, (H, H_kv) ∈ {(32, 8), (32, 32)}, d ∈ {64, 128}, "
+        "bf16 and fp16, equal and varying lengths: flash_attention_with_kvcache on a contiguous and a paged cache "
+        "against torch's SDPA (flash, cuDNN) and the front door on the cache sliced to the length",
+        providers=DECODE_PROVIDERS,
+        shapes=decode_shapes(),
+        default_out="ch08_decode.json",
+        notes=["GB/s is KV bandwidth: the keys and values one step must read, Σ_b seqlens[b] · kv_heads · head_dim "
+               "· 2 tensors · itemsize, over the time; the copy ceiling counts bytes read + written.",
+               "varying_lengths: seqlens[b] uniform in [n/2, n], torch.randint(n // 2, n + 1, (batch,)) from "
+               "torch.Generator().manual_seed(lengths_seed), listed in each measured row; SDPA and the front door "
+               "take one length per call and are recorded 'unsupported' there.",
+               "kvcache: no append (k = v = None), cache_seqlens the lengths, num_splits chosen by the kernel. "
+               "kvcache-paged16/256 copy the drawn cache, untimed, into a pool of 16- or 256-token blocks handed "
+               "out in a shuffled order (torch.randperm, seed 0), as an allocator serving many sequences leaves them.",
+               "SDPA runs non-causal (its mask is top-left; the one query sees every key), the front door causal "
+               "(bottom-right, the same keys); both get the contiguous cache sliced to the length, K and V of "
+               "H_kv heads (enable_gqa=True for SDPA).",
+               "rel_err_head0: query head 0 of every sequence, over that sequence's keys, against the float64 "
+               "reference (reference_kvcache_attention).",
+               "Cells whose caches, one per provider (the harness holds every provider's inputs until a cell is "
+               f"timed), would exceed {DECODE_MEMORY_BYTES / 2**30:.0f} GiB are not generated; (B, H_kv, n, d): "
+               f"{_decode_left_out()}."],
     ),
     "ch06-memory": Suite(
         description="Peak memory and time of forward + backward vs N (B = 1, H = 16, d = 128, fp16, causal)",

@@ -4,15 +4,21 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 import torch
 
-from tutorial_kernels.bench import PROVIDERS, SUITES, Shape, TrainingShape, measure_subset, take_turns
+from tutorial_kernels.bench import PROVIDERS, SUITES, Shape, TrainingShape, measure_subset, refusal_reason, take_turns
+from tutorial_kernels.bench.providers import paged_copy
+from tutorial_kernels.bench.shapes import DecodeShape
+from tutorial_kernels.bench.suites import DECODE_MEMORY_BYTES, DECODE_PROVIDERS
 from tutorial_kernels.paths import data_dir
-from tutorial_kernels.testing import grad_tolerance
+from tutorial_kernels.reference import cached_keys
+from tutorial_kernels.testing import ON_GPU, grad_tolerance
+from tutorial_kernels.tolerances import tolerance
 
 DATA_FILES = sorted(data_dir().glob("*.json"))
 PROVENANCE_KEYS = {"gpu", "sm_count", "torch", "triton", "cuda", "date_utc", "git_commit", "command"}
@@ -143,3 +149,107 @@ def test_a_figures_command_reads_as_a_reader_reruns_it():
         "python -m tutorial_kernels.bench ch07-head-dims")
     assert current_command("python -m tutorial_kernels.bench ch02-rocm --out data/ch02_rocm.json") == (
         "python -m tutorial_kernels.bench ch02-rocm --out data/ch02_rocm.json")
+
+
+# the decoding suite (chapter 8): the issue's cells, KV bandwidth, every provider checked before timing
+ONE_LENGTH_PER_CALL = {"sdpa-flash-gqa", "sdpa-cudnn-gqa", "front-door-decode"}
+
+
+def test_the_decode_suite_sweeps_the_issues_cells_that_fit_an_80_gb_gpu():
+    suite = SUITES["decode"]
+    assert suite.providers == DECODE_PROVIDERS == ["kvcache", "kvcache-paged16", "kvcache-paged256", "sdpa-flash-gqa",
+                                                   "sdpa-cudnn-gqa", "front-door-decode"]
+    every = {(b, h, h_kv, n, d, dtype, varying) for b in (1, 8, 64) for h, h_kv in ((32, 8), (32, 32))
+             for n in (1024, 4096, 32768, 131072) for d in (64, 128) for dtype in ("bfloat16", "float16")
+             for varying in (False, True)}
+    cells = [(s.batch, s.heads, s.kv_heads, s.n, s.head_dim, s.dtype, s.varying_lengths) for s in suite.shapes]
+    # the harness holds one cache per provider until a cell is timed: those that cannot fit are left out
+    fits = {c for c in every if len(DECODE_PROVIDERS) * 2 * c[0] * c[2] * c[3] * c[4] * 2 <= DECODE_MEMORY_BYTES}
+    assert len(cells) == len(set(cells)) and set(cells) == fits
+    assert (8, 32, 8, 131072, 128, "bfloat16", True) in fits and (64, 32, 32, 131072, 128, "float16", False) not in fits
+    assert len(every - fits) == 7 * 4  # seven (B, H_kv, n, d), in both dtypes and both kinds of lengths
+    for s in suite.shapes:
+        assert s.seqlens == s.seqlens and len(s.seqlens) == s.batch  # drawn from a fixed seed: the same every time
+        assert all(s.n // 2 <= n <= s.n for n in s.seqlens) if s.varying_lengths else set(s.seqlens) == {s.n}
+    assert all(len(set(s.seqlens)) > 1 for s in suite.shapes if s.varying_lengths and s.batch > 1)
+
+
+def test_decode_bandwidth_counts_the_keys_and_values_each_step_reads():
+    equal = DecodeShape(8, 32, 8, 4096, 128, "bfloat16")
+    assert equal.rates(2.0) == {"gb_per_s": 8 * 4096 * 8 * 128 * 2 * 2 / 2e-3 / 1e9}  # B·n·H_kv·d·(K, V)·2 bytes
+    varying = DecodeShape(8, 32, 8, 4096, 128, "bfloat16", varying_lengths=True)
+    assert varying.kv_bytes == sum(varying.seqlens) * 8 * 128 * 2 * 2 < equal.kv_bytes
+    assert varying.cache_bytes == equal.cache_bytes  # drawn with room for n keys per sequence either way
+
+
+def test_the_paged_copy_holds_each_sequences_keys_in_shuffled_blocks():
+    k, v = torch.randn(3, 2, 40, 16), torch.randn(3, 2, 40, 16)
+    seqlens = torch.tensor([40, 17, 1], dtype=torch.int32)
+    k_pool, v_pool, table = paged_copy(k, v, seqlens, 16)
+    assert k_pool.shape == v_pool.shape == (3 + 2 + 1, 2, 16, 16)  # only the blocks the sequences fill
+    assert table.shape == (3, 3) and table.dtype == torch.int32
+    used = torch.cat([table[b, :count] for b, count in enumerate((3, 2, 1))]).tolist()
+    assert sorted(used) == list(range(6)) and used != list(range(6))  # each block once, not in order
+    for b, n in enumerate(seqlens.tolist()):
+        assert torch.equal(cached_keys(k_pool, b, n, table), cached_keys(k, b, n))
+        assert torch.equal(cached_keys(v_pool, b, n, table), cached_keys(v, b, n))
+
+
+@pytest.mark.parametrize("varying", [False, True], ids=["equal-lengths", "varying-lengths"])
+def test_every_decode_provider_runs_a_tiny_cell_and_is_checked(varying):
+    """What measure_shape does with each provider before timing (draw, prepare, call, check against
+    float64, rates), on a cell small enough for Triton's interpreter; n = 48 leaves a last block partly
+    filled for 16-token blocks and 256-token blocks longer than the cache."""
+    shape = DecodeShape(2, 4, 2, 48, 16, "float16", varying, lengths_seed=3)
+    for key in DECODE_PROVIDERS:
+        if key == "sdpa-cudnn-gqa" and not ON_GPU:
+            continue  # a CUDA backend
+        provider = PROVIDERS[key]
+        args, seed = shape.draw()
+        row = {"provider_key": key, **asdict(shape), "seed": seed}
+        try:
+            with provider.context():
+                call = shape.prepare(provider.fn, args)
+                row.update(shape.check(call(), args), status="ok", **shape.rates(1.0))
+        except Exception as err:
+            row["status"] = refusal_reason(err)
+            if row["status"] is None:
+                raise
+        if (varying and key in ONE_LENGTH_PER_CALL) or (key == "sdpa-cudnn-gqa" and row["status"] == "unsupported"):
+            assert row["status"] == "unsupported", row  # cuDNN may refuse grouped-query inputs or d = 16
+            continue
+        assert row["status"] == "ok" and row["rel_err_head0"] <= tolerance(torch.float16), row
+        assert row["gb_per_s"] == shape.kv_bytes / 1e-3 / 1e9 and row["n"] == 48 and row["kv_heads"] == 2
+        assert row.get("seqlens") == (shape.seqlens if varying else None)
+
+
+def test_a_cudnn_plan_failure_is_recorded_as_a_refusal(monkeypatch):
+    import torch.nn.functional as F
+
+    from tutorial_kernels.validation import UnsupportedShape
+
+    def no_plan(*args, **kwargs):
+        raise RuntimeError("cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph.")
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", no_plan)
+    shape = DecodeShape(1, 4, 2, 32, 16)
+    call = shape.prepare(PROVIDERS["sdpa-cudnn-gqa"].fn, shape.draw()[0])
+    with pytest.raises(UnsupportedShape) as refused:
+        call()
+    assert refusal_reason(refused.value) == "unsupported" and "No execution plans" in str(refused.value)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: 1 / 0)  # anything else is not a refusal
+    with pytest.raises(ZeroDivisionError):
+        shape.prepare(PROVIDERS["sdpa-cudnn-gqa"].fn, shape.draw()[0])()
+
+
+@pytest.mark.gpu("benchmarks")
+def test_the_decode_suite_measures_on_the_gpu():
+    result = measure_subset("decode", lambda s: s.batch == 1 and s.n == 1024 and s.head_dim == 64 and s.kv_heads == 8)
+    assert {r["provider_key"] for r in result["results"]} == set(DECODE_PROVIDERS)
+    for row in result["results"]:
+        if row["status"] == "unsupported":  # one length per call; cuDNN may refuse grouped-query inputs
+            assert row["provider_key"] == "sdpa-cudnn-gqa" or (
+                row["varying_lengths"] and row["provider_key"] in ONE_LENGTH_PER_CALL), row
+            continue
+        assert row["status"] == "ok" and row["rel_err_head0"] <= MAX_BENCH_ERROR[row["dtype"]], row
+        assert row["gb_per_s"] > 0 and row["ms"] > 0, row
