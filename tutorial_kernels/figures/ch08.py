@@ -1,0 +1,250 @@
+"""Chapter 8's figures (docs/chapters/08-inference.md): decoding against a KV cache.
+
+Pictures of ideas, drawn from the kernel module's rules (`choose_num_splits`, the launcher's tile
+sizes and its rounding of the splits to whole key tiles, the block table's address rule):
+
+- `concept-decode-grid`: one decode step of one sequence on 132 SMs, with chapter 5's grid, with
+  grouped-query packing, and with packing and split-KV: which SMs work, how many rows of a
+  program's query tile are real, and how many of the keys each program walks;
+- `concept-paged-cache`: a block table and the pool of blocks it points into, one key's address traced.
+"""
+
+from __future__ import annotations
+
+import math
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from tutorial_kernels.ch08_decode import choose_num_splits
+from tutorial_kernels.figures.concepts import (
+    EDGE, INK, NOTE, SIDE_MARGIN, Diagram, discrete_scale, fixed_axes, hover, legend_entry, narrow_diagram)
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.style import WAVE_COLOURS, add_notes, concept_layout, shade
+
+SMS = 132  # an H100 SXM
+DECODE_BLOCK_N = 64  # the launcher's key tile on a GPU (`run_kvcache`)
+CH05_BLOCK_M = 128  # chapter 5's largest query tile
+IDLE, ONE, TWO, USED = "#eef1f5", "#9ecae1", "#08519c", "#fd8d3c"
+
+
+def decode_block_m(n_q: int, group: int) -> int:
+    """The decode launcher's rows per tile on a GPU: n_q · G packed rows, a power of two from 16 to 64."""
+    return max(16, min(64, 1 << max(n_q * group - 1, 0).bit_length()))
+
+
+def decode_splits(batch: int, kv_heads: int, n_q: int, group: int, capacity: int, sms: int = SMS,
+                  block_n: int = DECODE_BLOCK_N) -> tuple[int, int]:
+    """(splits, keys per split) as the launcher launches them: `choose_num_splits`, then each split
+    rounded up to whole key tiles, and the splits that still start inside the cache."""
+    row_tiles = math.ceil(n_q * group / decode_block_m(n_q, group))
+    wanted = choose_num_splits(batch, kv_heads, row_tiles, capacity, sms, block_n)
+    per_split = math.ceil(math.ceil(capacity / wanted) / block_n) * block_n
+    return max(1, math.ceil(capacity / per_split)), per_split
+
+
+def _strip(fig: go.Figure, used: list[bool], abouts: list[str], y0: float, y1: float, name: str, at: dict) -> None:
+    """One row of cells across the panel (x 0 … 100): USED where `used`, IDLE elsewhere."""
+    n = len(used)
+    fig.add_trace(go.Heatmap(
+        z=[[1 if u else 0 for u in used]], x0=50 / n, dx=100 / n, y0=(y0 + y1) / 2, dy=y1 - y0,
+        customdata=[[hover(a) for a in abouts]], zmin=0, zmax=1, colorscale=[[0, IDLE], [1, USED]],
+        showscale=False, xgap=1 if n <= 40 else 0, ygap=0, name=name, hovertemplate="%{customdata}<extra></extra>"),
+        **at)
+
+
+@figure("concept-decode-grid")
+def decode_grid(heads: int = 32, kv_heads: int = 8, n_k: int = 32768, sms: int = SMS) -> go.Figure:
+    """One decode step (one sequence, one new token) on `sms` SMs: chapter 5's grid of one program per
+    query head, grouped-query packing (one per KV head), and packing with split-KV."""
+    group = heads // kv_heads
+    splits, per_split = decode_splits(1, kv_heads, 1, group, n_k, sms)
+    block_m = decode_block_m(1, group)
+    ranges = splits  # the keys strip: one cell per split's range
+    schemes = [
+        ("chapter 5's grid:", heads, CH05_BLOCK_M, 1, False),
+        ("grouped-query packing:", kv_heads, block_m, group, False),
+        ("packing + split-KV:", kv_heads * splits, block_m, group, True),
+    ]
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.05,
+                        subplot_titles=[f"{title}<br>{programs} programs" for title, programs, *_ in schemes])
+    cols = 12
+    rows = math.ceil(sms / cols)
+    top, bottom = 100, 46
+    row_h = (top - bottom) / rows
+    for col, (title, programs, tile_rows, rows_used, split) in enumerate(schemes, start=1):
+        at = dict(row=1, col=col)
+
+        def program_about(p: int) -> str:
+            if not split and rows_used == 1:
+                return f"query head {p} (its KV head {p // group}): 1 row of {tile_rows}, all {n_k:,} keys"
+            kv, s = (p % kv_heads, p // kv_heads) if split else (p, 0)
+            keys = (f"keys {s * per_split:,}–{min((s + 1) * per_split, n_k) - 1:,}" if split else f"all {n_k:,} keys")
+            return (f"KV head {kv}, query heads {kv * group}–{kv * group + group - 1}: "
+                    f"{rows_used} rows of {tile_rows}, {keys}")
+
+        z, about = [], []
+        for r in range(rows):
+            z_row, about_row = [], []
+            for c in range(cols):
+                sm = r * cols + c
+                if sm >= sms:
+                    z_row.append(None)
+                    about_row.append("")
+                    continue
+                mine = list(range(sm, programs, sms))  # program p on SM p mod sms: the scheduler's first guess
+                z_row.append(min(len(mine), 2))
+                if not mine:
+                    about_row.append(hover(f"SM {sm}: idle; this launch has no program for it."))
+                else:
+                    what = "; ".join(program_about(p) for p in mine)
+                    about_row.append(hover(f"SM {sm}: {len(mine)} program{'s' * (len(mine) > 1)}. {what}."))
+            z.append(z_row)
+            about.append(about_row)
+        fig.add_trace(go.Heatmap(
+            z=z, customdata=about, x0=100 / cols / 2, dx=100 / cols, y0=top - row_h / 2, dy=-row_h, zmin=0, zmax=2,
+            colorscale=discrete_scale([IDLE, ONE, TWO]), showscale=False, xgap=2, ygap=2, name=f"SMs, {title}",
+            hovertemplate="%{customdata}<extra></extra>"), **at)
+        busy = min(programs, sms)
+        fig.add_annotation(x=50, y=bottom - 3, text=f"{busy} of {sms} SMs busy", showarrow=False,
+                           font=dict(size=NOTE, color=INK), **at)
+
+        # one program's query tile: which of its rows are real (query × head) and which are padding
+        used = [r < rows_used for r in range(tile_rows)]
+        if rows_used == 1:
+            abouts = ["row 0: query head 0's one query, the only real row"] + [
+                f"row {r}: padding; the tile multiplies zeros here" for r in range(1, tile_rows)]
+        else:
+            abouts = [f"row {r}: query head {r} (row r → head r mod {group})" if r < rows_used
+                      else f"row {r}: padding; the tile multiplies zeros here" for r in range(tile_rows)]
+        fig.add_annotation(x=50, y=31.5, text=f"a program's tile: {rows_used} of {tile_rows} rows real",
+                           showarrow=False, font=dict(size=NOTE, color=INK), **at)
+        _strip(fig, used, abouts, 22, 27, f"tile rows, {title}", at)
+
+        # the keys one program walks, in the split's ranges
+        walked = [True] * ranges if not split else [s == 0 for s in range(ranges)]
+        key_abouts = []
+        for s in range(ranges):
+            span = f"keys {s * per_split:,}–{min((s + 1) * per_split, n_k) - 1:,}"
+            if not split:
+                key_abouts.append(f"{span}: walked by this program, as are all {n_k:,}")
+            else:
+                key_abouts.append(f"{span}: this program's split" if s == 0 else f"{span}: split {s}, another program's")
+        keys_text = f"all {n_k:,}" if not split else f"{per_split:,} of {n_k:,}"
+        fig.add_annotation(x=50, y=12.5, text=f"keys it walks: {keys_text}", showarrow=False,
+                           font=dict(size=NOTE, color=INK), **at)
+        _strip(fig, walked, key_abouts, 3, 8, f"keys, {title}", at)
+        fixed_axes(fig)
+    fig.add_trace(legend_entry("SM with 1 program", ONE))
+    fig.add_trace(legend_entry("SM with 2 programs", TWO))
+    fig.add_trace(legend_entry("real row, keys walked", USED))
+    fig.add_trace(legend_entry("idle, padding, not walked", IDLE))
+    add_notes(fig, f"One sequence, {heads} query heads on {kv_heads} KV heads (G = {group}), one new query, {n_k:,} "
+                   f"cached keys, {sms} SMs. Split-KV as the launcher chooses: choose_num_splits, rounded to whole "
+                   f"key tiles of {DECODE_BLOCK_N}, gives {splits} splits of {per_split:,} keys. Program p is drawn "
+                   f"on SM p mod {sms}; the hardware's placement is less regular, the count of busy SMs is the point.")
+    narrow_diagram(fig, **{"+height": 60})
+    return concept_layout(fig, "One decode step on 132 SMs: whose programs, how many rows, how many keys", (
+        f"Three panels of {sms} SMs for one new token of one sequence with {heads} query heads on {kv_heads} key/value "
+        f"heads and {n_k:,} cached keys. Chapter 5's grid runs {heads} programs, each using 1 row of a "
+        f"{CH05_BLOCK_M}-row tile and walking every key. Grouped-query packing runs {kv_heads} programs of {group} "
+        f"real rows, each reading its KV head once, still walking every key. Adding split-KV runs "
+        f"{kv_heads * splits} programs, each walking {per_split:,} keys, so every SM works."),
+        height=600, margin=SIDE_MARGIN)
+
+
+# --- the paged cache ---------------------------------------------------------------------------------
+
+PAGED_LENGTHS = (40, 9, 50)  # keys per sequence
+PAGED_TABLE = ((7, 2, 10), (4,), (0, 9, 5, 8))  # each sequence's blocks in the pool, in order
+PAGED_POOL = 12
+
+
+@figure("concept-paged-cache")
+def paged_cache(lengths: tuple[int, ...] = PAGED_LENGTHS, table: tuple[tuple[int, ...], ...] = PAGED_TABLE,
+                pool: int = PAGED_POOL, block_size: int = 16, sequence: int = 2, key: int = 49) -> go.Figure:
+    """A block table (one row per sequence) and the pool of blocks it points into; key `key` of
+    `sequence` traced to its block and row."""
+    width = max(len(t) for t in table)
+    owner = {block: (b, i) for b, blocks in enumerate(table) for i, block in enumerate(blocks)}
+    colours = WAVE_COLOURS[:len(table)]
+    fig = go.Figure()
+    dia = Diagram(fig)
+
+    # the block table: x 9 … 42, one row per sequence (its labels left of it)
+    tx0, tx1, ty1 = 9, 42, 84
+    cell_w, cell_h = (tx1 - tx0) / width, 14
+    fig.add_annotation(x=(tx0 + tx1) / 2, y=ty1 + 3, yanchor="bottom", text="block_table (B × blocks)",
+                       showarrow=False, font=dict(size=NOTE, color=INK))
+    for b, blocks in enumerate(table):
+        y1 = ty1 - b * cell_h
+        fig.add_annotation(x=tx0 - 0.5, y=y1 - cell_h / 2, xanchor="right", text=f"b={b}", showarrow=False,
+                           font=dict(size=NOTE, color=INK))
+        for i in range(width):
+            x0 = tx0 + i * cell_w
+            if i < len(blocks):
+                first, last = i * block_size, min((i + 1) * block_size, lengths[b]) - 1
+                dia.box(x0, y1 - cell_h, x0 + cell_w, y1, str(blocks[i]), (
+                    f"block_table[{b}, {i}] = {blocks[i]}: sequence {b}'s keys {first}–{last} are in block "
+                    f"{blocks[i]} of the pool, rows 0–{last - first}."), fill=shade(colours[b], 0.55))
+            else:
+                dia.box(x0, y1 - cell_h, x0 + cell_w, y1, "·", (
+                    f"block_table[{b}, {i}]: unused. Sequence {b} has {lengths[b]} keys, "
+                    f"{len(blocks)} block{'s' * (len(blocks) > 1)}; the kernel never reads this entry."), fill="#ffffff")
+
+    # the pool: x 52 … 98, blocks in rows of four
+    per_row = 4
+    px0, px1, py1 = 52, 98, 84
+    bw = (px1 - px0) / per_row
+    bh = 14
+    fig.add_annotation(x=(px0 + px1) / 2, y=py1 + 3, yanchor="bottom", text="the pool: k_cache[block]",
+                       showarrow=False, font=dict(size=NOTE, color=INK))
+    centres = {}
+    for block in range(pool):
+        r, c = divmod(block, per_row)
+        x0, y1 = px0 + c * bw, py1 - r * bh
+        centres[block] = (x0 + bw / 2, y1 - bh / 2)
+        if block in owner:
+            b, i = owner[block]
+            filled = min(block_size, lengths[b] - i * block_size)
+            first = i * block_size
+            dia.box(x0 + 0.4, y1 - bh + 0.4, x0 + bw - 0.4, y1 - 0.4, str(block), (
+                f"Block {block}: sequence {b}'s keys {first}–{first + filled - 1} in rows 0–{filled - 1}"
+                + (f"; rows {filled}–{block_size - 1} wait for its next keys." if filled < block_size else
+                   f", all {block_size} rows full.")), fill=shade(colours[b], 0.55))
+            # how full: a bar along the block's bottom edge
+            fig.add_shape(type="rect", x0=x0 + 0.8, x1=x0 + 0.8 + (bw - 1.6) * filled / block_size, y0=y1 - bh + 0.8,
+                          y1=y1 - bh + 3, fillcolor=colours[b], line=dict(width=0), layer="above")
+        else:
+            dia.box(x0 + 0.4, y1 - bh + 0.4, x0 + bw - 0.4, y1 - 0.4, str(block), (
+                f"Block {block}: free. The next sequence to need a block takes it, wherever it lies."), fill="#ffffff")
+
+    # one key traced: table entry → block → row
+    i, row = divmod(key, block_size)
+    block = table[sequence][i]
+    cx, cy = tx0 + (i + 0.5) * cell_w, ty1 - (sequence + 0.5) * cell_h
+    bx, by = centres[block]
+    trace_colour = "#d62728"
+    for x0, y0, x1, y1 in ((cx - cell_w / 2, cy - cell_h / 2, cx + cell_w / 2, cy + cell_h / 2),
+                           (bx - bw / 2 + 0.4, by - bh / 2 + 0.4, bx + bw / 2 - 0.4, by + bh / 2 - 0.4)):
+        fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, line=dict(color=trace_colour, width=2.5), layer="above")
+    dia.arrow(cx + cell_w / 2, cy, bx - bw / 2 + 0.4, by, colour=trace_colour)
+    dia.box(2, 2, 98, 24, (f"key {key} of sequence {sequence}: block_table[{sequence}, {key} // {block_size}] = {block},"
+                           f"<br>row {key} mod {block_size} = {row} of block {block}"), (
+        f"The kernel's address rule: key j of sequence b is row j mod block_size of block block_table[b, j // "
+        f"block_size]. Here j = {key}, b = {sequence}, block_size = {block_size}: entry {i} of the row, block {block}, "
+        f"row {row}."), fill="#fdf3e1")
+    for b in range(len(table)):
+        fig.add_trace(legend_entry(f"sequence {b}: {lengths[b]} keys", colours[b]))
+    fixed_axes(fig)
+    dia.finish()
+    add_notes(fig, f"Blocks of {block_size} tokens. The bar along a block's bottom shows how many of its rows hold "
+                   "keys: only a sequence's last block is partly filled, so a sequence wastes less than one block. "
+                   "In k_cache (num_blocks, H_kv, block_size, d) every KV head has its own rows in each block.")
+    narrow_diagram(fig)
+    return concept_layout(fig, "A paged KV cache: a block table and a pool of blocks", (
+        f"On the left a block table with one row per sequence ({', '.join(str(n) for n in lengths)} keys), each "
+        f"entry the number of a block in the pool; on the right a pool of {pool} blocks of {block_size} tokens, "
+        f"coloured by the sequence that owns them, {pool - len(owner)} free, in no particular order. An arrow "
+        f"traces key {key} of sequence {sequence}: entry {key // block_size} of its row names block {block}, where "
+        f"the key is row {row}."), height=460, margin=SIDE_MARGIN)
