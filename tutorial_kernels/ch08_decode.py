@@ -49,15 +49,16 @@ def _decode_partial_kernel(
     stride_ob, stride_oh, stride_om, stride_os, stride_od,  # O (B, H, n_q[, split], d)
     stride_lb, stride_lh, stride_lm, stride_ls,  # lse (B, H, n_q[, split])
     stride_tb, stride_tn,  # the block table (B, blocks per sequence)
-    n_kv_heads, group_size, n_q, head_dim, keys_per_split, block_size, qk_scale,
+    n_kv_heads, group_size, n_q, head_dim, n_splits, block_size, qk_scale,
     PAGED: tl.constexpr, CAUSAL: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One program: one tile of packed rows (query × head of a group) of one (batch, KV head), against
-    the keys of one split. PARTIAL: write O_s = acc / ℓ and lse_s (log₂ units) of the split; else the
-    final O (the only split) and lse in natural units."""
-    pid_m = tl.program_id(0)
-    pid_bk = tl.program_id(1).to(tl.int64)
+    the keys of one split: split s of n_splits covers keys [s·c, (s + 1)·c) of its sequence, c the
+    sequence's length over n_splits in whole key tiles. PARTIAL: write O_s = acc / ℓ and lse_s (log₂
+    units) of the split; else the final O (the only split) and lse in natural units."""
+    pid_bk = tl.program_id(0).to(tl.int64)  # (batch, KV head) on the x axis: any number of them
+    pid_m = tl.program_id(1)
     split = tl.program_id(2)
     batch = pid_bk // n_kv_heads
     kv_head = pid_bk % n_kv_heads
@@ -72,6 +73,7 @@ def _decode_partial_kernel(
                 + offs_d[None, :] * stride_qd, mask=row_ok[:, None] & d_ok[None, :], other=0.0)
 
     n_k = tl.load(seqlens_ptr + batch)  # this sequence's keys, cached and new
+    keys_per_split = tl.cdiv(tl.cdiv(n_k, n_splits), BLOCK_N) * BLOCK_N  # its own length, split in whole tiles
     start = split * keys_per_split
     end = tl.minimum(start + keys_per_split, n_k)
     if CAUSAL:  # the tile's last query sees keys up to (its index) + n_k − n_q
@@ -84,13 +86,14 @@ def _decode_partial_kernel(
     for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < end
+        rows_n = offs_n.to(tl.int64)  # × a token stride, which may be large (a (tokens, B, H_kv, d) cache)
         if PAGED:  # key j: row j mod block_size of block block_table[b, j // block_size]
             block = tl.load(table_ptr + batch * stride_tb + (offs_n // block_size) * stride_tn, mask=key_ok, other=0)
-            k_rows = block.to(tl.int64) * stride_kb + (offs_n % block_size) * stride_kn
-            v_rows = block.to(tl.int64) * stride_vb + (offs_n % block_size) * stride_vn
+            k_rows = block.to(tl.int64) * stride_kb + (rows_n % block_size) * stride_kn
+            v_rows = block.to(tl.int64) * stride_vb + (rows_n % block_size) * stride_vn
         else:
-            k_rows = batch * stride_kb + offs_n * stride_kn
-            v_rows = batch * stride_vb + offs_n * stride_vn
+            k_rows = batch * stride_kb + rows_n * stride_kn
+            v_rows = batch * stride_vb + rows_n * stride_vn
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_head * stride_kh + k_rows[:, None] + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
         v = tl.load(v_ptr + kv_head * stride_vh + v_rows[:, None] + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
@@ -157,6 +160,9 @@ def _decode_combine_kernel(
 # --8<-- [end:combine_kernel]
 
 
+MAX_SPLITS = 128  # the combine holds every split of a row in one program
+
+
 def choose_num_splits(batch: int, kv_heads: int, row_tiles: int, max_keys: int, sm_count: int,
                       block_n: int, min_keys_per_split: int = 256) -> int:
     """Flash-Decoding's rule: enough splits that batch × KV heads × row tiles × splits programs fill
@@ -165,7 +171,7 @@ def choose_num_splits(batch: int, kv_heads: int, row_tiles: int, max_keys: int, 
     programs = max(batch * kv_heads * row_tiles, 1)
     wanted = math.ceil(2 * sm_count / programs)
     most = max(1, max_keys // max(min_keys_per_split, block_n))
-    return max(1, min(wanted, most, 128))
+    return max(1, min(wanted, most, MAX_SPLITS))
 
 
 _empty = torch.empty  # every buffer the launcher allocates (tests poison them: unwritten elements stay NaN)
@@ -216,6 +222,8 @@ def check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, 
     for name, t in (("k_cache", k_cache), ("v_cache", v_cache)):
         if t.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
+    if isinstance(cache_seqlens, bool):
+        raise TypeError(f"cache_seqlens must be an int or a (B,) integer tensor, got {cache_seqlens!r}")
     if isinstance(cache_seqlens, int):
         cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32, device=q.device)
     _check("cache_seqlens", cache_seqlens, 1, (torch.int32, torch.int64))
@@ -239,19 +247,33 @@ def check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, 
     if k is not None:
         _check("k", k, 4, (q.dtype,))
         _check("v", v, 4, (q.dtype,))
+        for name, t in (("k", k), ("v", v)):
+            if t.device != q.device:
+                raise ValueError(f"{name} must be on q's device {q.device}, got {t.device}")
         if k.shape != v.shape or k.shape[0] != batch or k.shape[1] != kv_heads or k.shape[3] != head_dim:
             raise ValueError(f"k and v must be ({batch}, {kv_heads}, n_new, {head_dim}), got {tuple(k.shape)} "
                              f"and {tuple(v.shape)}")
         n_new = k.shape[2]
-    if not q.is_cuda and not torch.compiler.is_compiling():  # free on the CPU; on the GPU it would wait for it
-        longest = int(cache_seqlens.max()) + n_new if batch else 0
-        if longest > capacity or (batch and int(cache_seqlens.min()) < 0):
+    if not q.is_cuda and not torch.compiler.is_compiling() and batch:  # free on the CPU; a GPU would wait
+        shortest, longest = int(cache_seqlens.min()), int(cache_seqlens.max()) + n_new
+        if shortest < 0 or longest > capacity:
             raise ValueError(f"cache_seqlens + n_new must be within 0 … {capacity} (the cache's capacity), "
-                             f"got up to {longest}")
+                             f"got {shortest} … {longest}")
+        if block_table is not None and longest:
+            used = block_table[:, :triton.cdiv(longest, k_cache.shape[2])]
+            if int(used.min()) < 0 or int(used.max()) >= k_cache.shape[0]:
+                raise ValueError(f"block_table's entries must be blocks of the pool, 0 … {k_cache.shape[0] - 1}, "
+                                 f"got {int(used.min())} … {int(used.max())}")
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {type(causal).__name__}")
-    if num_splits is not None and (not isinstance(num_splits, int) or num_splits < 1):
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 1):
         raise ValueError(f"num_splits must be None or a positive int, got {num_splits!r}")
+    if sm_scale is not None and (isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float))):
+        raise TypeError(f"sm_scale must be None or a number, got {type(sm_scale).__name__} {sm_scale!r}")
+    if torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)):
+        raise ValueError("flash_attention_with_kvcache computes no gradients (it is for inference): q, k or v "
+                         "requires grad; call it under torch.no_grad() or torch.inference_mode(), or train with "
+                         "flash_attention")
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     return cache_seqlens, scale
 
@@ -267,10 +289,12 @@ def flash_attention_with_kvcache(
     q: (B, H, n_q, d). Contiguous cache: k_cache, v_cache (B, H_kv, capacity, d). Paged cache:
     k_cache, v_cache (num_blocks, H_kv, block_size, d) and block_table (B, blocks per sequence) int32,
     sequence b's key j in block block_table[b, j // block_size]. Any strides (flash-attn's
-    (…, tokens, H_kv, d) layout as `.transpose(1, 2)`). cache_seqlens: (B,) int32 or an int, the keys
+    (…, tokens, H_kv, d) layout as `.transpose(1, 2)`). cache_seqlens: (B,) int32/int64 or an int, the keys
     already cached per sequence; k, v: (B, H_kv, n_new, d) or None, appended at cache_seqlens. Each
     sequence then attends over its cache_seqlens[b] + n_new keys; causal masks bottom-right. H_kv
-    divides H; 16 ≤ d ≤ 256; float16, bfloat16 or float32. num_splits: None chooses (`choose_num_splits`).
+    divides H; 16 ≤ d ≤ 256; float16, bfloat16 or float32. num_splits: None chooses (`choose_num_splits`),
+    at most MAX_SPLITS; each sequence divides its own keys among them. block_table int32 or int64.
+    Inference only: an input that requires grad is refused.
     Returns O (B, H, n_q, d) in q's dtype, and with return_lse the log-sum-exp (B, H, n_q) float32.
     Positions past a sequence's capacity are not checked on the GPU (as flash-attn); raises ValueError
     or TypeError naming the argument for bad shapes, dtypes or devices.
@@ -303,17 +327,16 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
         block_m, block_n, warps = max(16, min(64, triton.next_power_of_2(n_q * group))), 64, 4
     block_d = head_dim_block(head_dim)
     row_tiles = triton.cdiv(n_q * group, block_m)
-    if num_splits is None:
+    if num_splits is None:  # chosen for the longest sequence the cache holds; each sequence divides its own
         sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
         num_splits = choose_num_splits(batch, kv_heads, row_tiles, capacity, sm_count, block_n)
-    keys_per_split = triton.cdiv(triton.cdiv(capacity, num_splits), block_n) * block_n  # whole key tiles
-    num_splits = max(1, triton.cdiv(capacity, keys_per_split))
+    num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max(capacity, 1), block_n)))
     table = block_table if block_table is not None else n_keys  # (unread without PAGED)
     table_strides = block_table.stride() if block_table is not None else (0, 0)
     common = dict(PAGED=block_table is not None, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
                   DOT_PRECISION=dot_precision(q.dtype), num_warps=warps)
-    sizes = (kv_heads, group, n_q, head_dim, keys_per_split, k_cache.shape[2], scale * LOG2_E)
-    grid = (row_tiles, batch * kv_heads, num_splits)
+    sizes = (kv_heads, group, n_q, head_dim, num_splits, k_cache.shape[2], scale * LOG2_E)
+    grid = (batch * kv_heads, row_tiles, num_splits)
     if num_splits == 1:
         _decode_partial_kernel[grid](
             q, k_cache, v_cache, out, lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),

@@ -35,8 +35,8 @@ def decode_block_m(n_q: int, group: int) -> int:
 
 def decode_splits(batch: int, kv_heads: int, n_q: int, group: int, capacity: int, sms: int = SMS,
                   block_n: int = DECODE_BLOCK_N) -> tuple[int, int]:
-    """(splits, keys per split) as the launcher launches them: `choose_num_splits`, then each split
-    rounded up to whole key tiles, and the splits that still start inside the cache."""
+    """(splits that hold keys, keys per split) for a sequence that fills the cache: `choose_num_splits`,
+    then the sequence's keys cut into that many ranges of whole key tiles, as the kernel cuts them."""
     row_tiles = math.ceil(n_q * group / decode_block_m(n_q, group))
     wanted = choose_num_splits(batch, kv_heads, row_tiles, capacity, sms, block_n)
     per_split = math.ceil(math.ceil(capacity / wanted) / block_n) * block_n

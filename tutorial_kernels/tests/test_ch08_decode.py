@@ -34,13 +34,15 @@ class DecodeCase:
     block_size: int | None  # None: a contiguous cache
     num_splits: int | None
     causal: bool = True
+    int64: bool = False  # cache_seqlens and block_table as int64
+    layout: str = "bhnd"  # "bnhd": q and the cache as flash-attn lays them out, (…, tokens, heads, d) transposed
 
     @property
     def id(self) -> str:
         cache = f"paged{self.block_size}" if self.block_size else "contiguous"
         return (f"b{self.batch}h{self.heads}kv{self.kv_heads}-nq{self.n_q}-d{self.head_dim}-len"
                 f"{'_'.join(map(str, self.lengths))}-new{self.n_new}-{cache}-splits{self.num_splits}-"
-                f"{'causal' if self.causal else 'full'}")
+                f"{'causal' if self.causal else 'full'}{'-int64' if self.int64 else ''}-{self.layout}")
 
 
 CASES = [
@@ -50,6 +52,9 @@ CASES = [
     DecodeCase(1, 2, 2, 1, 16, (3,), 0, 16, 5),  # MHA; splits that see no key
     DecodeCase(2, 8, 2, 5, 32, (9, 40), 0, 16, 2, causal=False),
     DecodeCase(2, 4, 4, 17, 16, (4, 30), 0, None, 1),  # a prompt chunk longer than some caches: blind rows
+    DecodeCase(2, 4, 2, 3, 32, (3, 22), 5, 5, 3, int64=True),  # blocks of 5 (< BLOCK_N): appends cross 2 blocks
+    DecodeCase(2, 6, 3, 2, 16, (20, 47), 7, 24, None, layout="bnhd"),  # blocks of 24, flash-attn's layout
+    DecodeCase(2, 4, 2, 1, 16, (9, 30), 2, None, 2, int64=True, layout="bnhd"),
 ]
 if ON_GPU:
     CASES += [
@@ -72,7 +77,11 @@ def _draw(case: DecodeCase, dtype: torch.dtype, seed: int):
     gen = torch.Generator(device="cpu").manual_seed(seed)
     randn = lambda *shape: torch.randn(*shape, generator=gen).to(dtype).to(DEVICE)  # noqa: E731
     capacity = _capacity(case)
-    q = randn(case.batch, case.heads, case.n_q, case.head_dim)
+    if case.layout == "bnhd":  # drawn (…, tokens, heads, d), seen as (…, heads, tokens, d)
+        randn4 = lambda a, h, n, d: randn(a, n, h, d).transpose(1, 2)  # noqa: E731
+    else:
+        randn4 = randn
+    q = randn4(case.batch, case.heads, case.n_q, case.head_dim)
     if case.block_size is None:
         shape, table = (case.batch, case.kv_heads, capacity, case.head_dim), None
     else:
@@ -80,12 +89,12 @@ def _draw(case: DecodeCase, dtype: torch.dtype, seed: int):
         pool = case.batch * per_sequence + 3  # spare blocks nobody owns
         shape = (pool, case.kv_heads, case.block_size, case.head_dim)
         table = torch.randperm(pool, generator=gen)[:case.batch * per_sequence].view(case.batch, per_sequence)
-        table = table.to(torch.int32).to(DEVICE)
-    k_cache, v_cache = randn(*shape), randn(*shape)
+        table = table.to(torch.int64 if case.int64 else torch.int32).to(DEVICE)
+    k_cache, v_cache = randn4(*shape), randn4(*shape)
     k = v = None
     if case.n_new:
-        k, v = (randn(case.batch, case.kv_heads, case.n_new, case.head_dim) for _ in "kv")
-    lengths = torch.tensor(case.lengths, dtype=torch.int32, device=DEVICE)
+        k, v = (randn4(case.batch, case.kv_heads, case.n_new, case.head_dim) for _ in "kv")
+    lengths = torch.tensor(case.lengths, dtype=torch.int64 if case.int64 else torch.int32, device=DEVICE)
     return q, k_cache, v_cache, k, v, lengths, table
 
 
@@ -123,22 +132,26 @@ def test_decode_matches_float64_within_the_peer_rule(case: DecodeCase, dtype: to
     assert torch.equal(torch.isneginf(lse), blind), f"lse is −∞ exactly where a row sees no key; seed={seed}"
     assert (lse[~blind].double() - want_lse[~blind]).abs().max().item() <= 1e-3 if (~blind).any() else True, \
         f"lse: {(lse[~blind].double() - want_lse[~blind]).abs().max().item():.2e}; seed={seed}"
-    # the append wrote the new rows, and only them
+    # the append wrote the new rows, and only them: the expected cache written one (sequence, token) at a time
     expected_k, expected_v = before_k.clone(), before_v.clone()
-    if case.n_new:
-        ch08_decode._append(expected_k, expected_v, k, v, lengths, table)
-        for b in range(case.batch):
-            got = cached_keys(k_cache, b, int(n_keys[b]), table)[:, :, int(lengths[b]):]
-            assert torch.equal(got, k[b:b + 1]), f"sequence {b}'s appended keys; seed={seed}"
-    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v), f"the cache elsewhere; seed={seed}"
+    for b in range(case.batch):
+        for t in range(case.n_new):
+            position = int(lengths[b]) + t
+            if table is None:
+                where = (b, slice(None), position)
+            else:
+                where = (int(table[b, position // case.block_size]), slice(None), position % case.block_size)
+            expected_k[where], expected_v[where] = k[b, :, t], v[b, :, t]
+    assert torch.equal(k_cache, expected_k), f"the keys cached after the append; seed={seed}"
+    assert torch.equal(v_cache, expected_v), f"the values cached after the append; seed={seed}"
 
 
 def test_the_splits_merge_to_the_one_pass_answer():
     """Any number of splits gives the one-split output, to rounding (the merge is exact in real numbers)."""
-    case = DecodeCase(2, 4, 2, 2, 32, (45, 12), 0, None, None)
+    case = DecodeCase(2, 4, 2, 2, 32, (150, 12), 0, None, None)  # 150 keys: up to 10 key tiles of 16
     q, k_cache, v_cache, _, _, lengths, _ = _draw(case, torch.float32, fresh_seed())
     one = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=1)
-    for splits in (2, 3, 7, 40):
+    for splits in (2, 3, 7, 10, 40):
         many = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths, num_splits=splits)
         assert (many - one).abs().max().item() < 1e-5, splits
 
@@ -178,6 +191,10 @@ def _valid():
     (lambda a: {**a, "block_table": torch.zeros(2, 2, dtype=torch.float32, device=DEVICE)}, TypeError,
      r"block_table\.dtype"),
     (lambda a: {**a, "num_splits": 0}, ValueError, r"num_splits"),
+    (lambda a: {**a, "num_splits": True}, ValueError, r"num_splits"),
+    (lambda a: {**a, "cache_seqlens": True}, TypeError, r"cache_seqlens must be an int"),
+    (lambda a: {**a, "sm_scale": "x"}, TypeError, r"sm_scale must be None or a number"),
+    (lambda a: {**a, "q": a["q"].requires_grad_()}, ValueError, r"computes no gradients"),
     (lambda a: {**a, "causal": 1}, TypeError, r"causal must be a bool"),
 ])
 def test_bad_input_names_the_argument(change, error, match):
