@@ -1,4 +1,4 @@
-"""The Benchmarks page's figures (docs/benchmarks.md): every attention of the tutorial against torch's.
+"""The Benchmarks page's figures (docs/benchmarks/index.md): every attention of the tutorial against torch's.
 
 - `bench-tflops`: TFLOP/s against N, one line per provider, four dropdowns (pass, head dimension,
   causal, dtype) and the fp16 matmul ceiling of the same run;
