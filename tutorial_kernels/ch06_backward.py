@@ -387,18 +387,9 @@ def _kernel_arguments(shape, q, k, v, do, lse, delta, dq, dk, dv, causal: bool):
 # --8<-- [end:backward_launcher]
 
 
-class _Dense:
-    """What Triton compiles a new contiguous tensor's argument as: its dtype (and its strides)."""
-
-    def __init__(self, shape, dtype: torch.dtype):
-        self.shape, self.dtype = tuple(shape), dtype
-
-    def stride(self) -> tuple[int, ...]:
-        strides, step = [], 1
-        for size in reversed(self.shape):
-            strides.append(step)
-            step *= max(size, 1)
-        return tuple(reversed(strides))
+def _dense(shape, dtype: torch.dtype) -> torch.Tensor:
+    """A new contiguous tensor's shape, dtype and strides, with no memory (what Triton compiles it as)."""
+    return torch.empty(shape, dtype=dtype, device="meta")
 
 
 _AHEAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tutorial_kernels-compile")
@@ -420,7 +411,7 @@ def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
     head_dim = q.shape[3]
     tuning_key = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), head_dim, causal, head_dim_block(head_dim),
                   q.dtype)
-    dense_q, dense_k = _Dense(q.shape, q.dtype), _Dense(k.shape, k.dtype)  # dO and dQ; dK and dV
+    dense_q, dense_k = _dense(q.shape, q.dtype), _dense(k.shape, k.dtype)  # dO and dQ; dK and dV
     seen = (tuning_key, *((n == 1, n % 16 == 0) for n in (
         q.shape[2], k.shape[2], *q.stride(), *k.stride(), *v.stride(), *dense_q.stride(), *dense_k.stride(),
         q.data_ptr(), k.data_ptr(), v.data_ptr())))
@@ -430,11 +421,11 @@ def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
         _AHEAD_OF.clear()
     _AHEAD_OF.add(seen)
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True)
-    rows = _Dense((shape.batch, shape.heads, shape.n_q), torch.float32)  # lse and Δ
+    rows = _dense((shape.batch, shape.heads, shape.n_q), torch.float32)  # lse and Δ
     dkdv_args, dq_args, constexprs, _ = _kernel_arguments(shape, q, k, v, dense_q, rows, rows, dense_q, dense_k,
-                                                          _Dense(v.shape, v.dtype), causal)
+                                                          _dense(v.shape, v.dtype), causal)
     # q, k and v themselves (their addresses' alignment is compiled in); a tensor not made yet as its dtype
-    as_dtypes = lambda args: tuple(a.dtype if isinstance(a, _Dense) else a for a in args)  # noqa: E731
+    as_dtypes = lambda args: tuple(a.dtype if isinstance(a, torch.Tensor) and a.is_meta else a for a in args)  # noqa: E731
     device = q.device
 
     def compile_all() -> None:

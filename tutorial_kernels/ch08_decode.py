@@ -35,8 +35,8 @@ import triton.language as tl
 
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.tiling import LOG2_E, head_dim_block
-from tutorial_kernels.validation import SUPPORTED_DTYPES
+from tutorial_kernels.tiling import LOG2_E, from_log2_units, head_dim_block
+from tutorial_kernels.validation import SUPPORTED_DTYPES, check_triton_tensor
 
 
 # --8<-- [start:partial_kernel]
@@ -121,7 +121,7 @@ def _decode_partial_kernel(
         l_rows += split * stride_ls
         tl.store(lse_ptr + l_rows, lse2, mask=row_ok)
     else:
-        tl.store(lse_ptr + l_rows, lse2 / 1.4426950408889634, mask=row_ok)  # natural units: lse = lse₂ / log₂e
+        tl.store(lse_ptr + l_rows, from_log2_units(lse2), mask=row_ok)  # natural units: lse = lse₂ · ln 2
     tl.store(o_ptr + o_rows[:, None] + offs_d[None, :] * stride_od, o.to(o_ptr.dtype.element_ty),
              mask=row_ok[:, None] & d_ok[None, :])
 # --8<-- [end:partial_kernel]
@@ -156,7 +156,7 @@ def _decode_combine_kernel(
     lse2 = tl.where(total > 0, shift + tl.math.log2(tl.where(total > 0, total, 1.0)), float("-inf"))
     tl.store(o_ptr + batch * stride_ob + head * stride_oh + query * stride_om + offs_d * stride_od,
              o.to(o_ptr.dtype.element_ty), mask=offs_d < head_dim)
-    tl.store(lse_ptr + row, lse2 / 1.4426950408889634)  # natural units
+    tl.store(lse_ptr + row, from_log2_units(lse2))  # natural units
 # --8<-- [end:combine_kernel]
 
 
@@ -210,6 +210,7 @@ def check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, 
     _check("q", q, 4, SUPPORTED_DTYPES)
     _check("k_cache", k_cache, 4, (q.dtype,))
     _check("v_cache", v_cache, 4, (q.dtype,))
+    check_triton_tensor(q, "q")  # a device the kernels run on (bfloat16 not in the interpreter)
     batch, heads, n_q, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     if not 16 <= head_dim <= 256:

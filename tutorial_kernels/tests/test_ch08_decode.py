@@ -205,6 +205,13 @@ def test_bad_input_names_the_argument(change, error, match):
         flash_attention_with_kvcache(**args)
 
 
+@pytest.mark.cpu("bfloat16, which the interpreter computes wrongly")
+def test_bfloat16_is_refused_in_the_interpreter():
+    q, k_cache, v_cache = (t.bfloat16() for t in _valid())
+    with pytest.raises(TypeError, match=r"q: dtype torch.bfloat16 is not supported under Triton's interpreter"):
+        flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=3)
+
+
 @pytest.mark.cpu("a length past the capacity, checked where checking is free")
 def test_a_length_past_the_cache_is_refused_on_the_cpu():
     q, k_cache, v_cache = _valid()
