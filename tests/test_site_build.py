@@ -33,9 +33,10 @@ def figure_hook():
 
 
 def built_page(site_root: Path, md: Path) -> Path:
-    """docs/chapters/02-naive-attention.md -> <site>/chapters/02-naive-attention/index.html"""
+    """docs/chapters/02-naive-attention.md -> <site>/chapters/02-naive-attention/index.html;
+    docs/benchmarks/index.md -> <site>/benchmarks/index.html (as mkdocs' directory URLs)."""
     rel = md.relative_to(DOCS).with_suffix("")
-    return site_root / ("index.html" if rel.name == "index" else rel / "index.html")
+    return site_root / (rel.parent if rel.name == "index" else rel) / "index.html"
 
 
 def page_text(path: Path) -> str:
