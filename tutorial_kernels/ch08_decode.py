@@ -164,14 +164,21 @@ MAX_SPLITS = 128  # the combine holds every split of a row in one program
 
 
 def choose_num_splits(batch: int, kv_heads: int, row_tiles: int, max_keys: int, sm_count: int,
-                      block_n: int, min_keys_per_split: int = 256) -> int:
+                      block_n: int, min_keys_per_split: int = 256, waves: int = 2) -> int:
     """Flash-Decoding's rule: enough splits that batch × KV heads × row tiles × splits programs fill
-    the GPU twice over, but no split shorter than `min_keys_per_split` keys (its merge would cost
-    more than it saves). 1 when the grid already fills the GPU."""
+    the GPU `waves` times over, but no split shorter than `min_keys_per_split` keys (its merge would
+    cost more than it saves). 1 when the grid already fills the GPU."""
     programs = max(batch * kv_heads * row_tiles, 1)
-    wanted = math.ceil(2 * sm_count / programs)
+    wanted = math.ceil(waves * sm_count / programs)
     most = max(1, max_keys // max(min_keys_per_split, block_n))
     return max(1, min(wanted, most, MAX_SPLITS))
+
+
+def decode_tiles(n_q: int, group: int, head_dim: int) -> dict:
+    """The partial kernel's tile: BLOCK_M packed rows (at least tl.dot's 16), BLOCK_N keys, warps, stages."""
+    if interpreter_active():
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    return dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(n_q * group))), BLOCK_N=64, num_warps=4, num_stages=3)
 
 
 _empty = torch.empty  # every buffer the launcher allocates (tests poison them: unwritten elements stay NaN)
@@ -322,10 +329,8 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
         return out, lse
 
     group = heads // kv_heads
-    if interpreter_active():
-        block_m, block_n, warps = 16, 16, 4
-    else:
-        block_m, block_n, warps = max(16, min(64, triton.next_power_of_2(n_q * group))), 64, 4
+    tiles = decode_tiles(n_q, group, head_dim)
+    block_m, block_n = tiles["BLOCK_M"], tiles["BLOCK_N"]
     block_d = head_dim_block(head_dim)
     row_tiles = triton.cdiv(n_q * group, block_m)
     if num_splits is None:  # chosen for the longest sequence the cache holds; each sequence divides its own
@@ -334,8 +339,8 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max(capacity, 1), block_n)))
     table = block_table if block_table is not None else n_keys  # (unread without PAGED)
     table_strides = block_table.stride() if block_table is not None else (0, 0)
-    common = dict(PAGED=block_table is not None, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-                  DOT_PRECISION=dot_precision(q.dtype), num_warps=warps)
+    common = dict(PAGED=block_table is not None, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
+                  **tiles)
     sizes = (kv_heads, group, n_q, head_dim, num_splits, k_cache.shape[2], scale * LOG2_E)
     grid = (batch * kv_heads, row_tiles, num_splits)
     if num_splits == 1:
@@ -357,4 +362,4 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits"]
+__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits", "decode_tiles"]
