@@ -27,6 +27,7 @@ query i of n_q sees key j when j ≤ i + n_k − n_q. A row that sees no key giv
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -49,8 +50,8 @@ def _decode_partial_kernel(
     stride_ob, stride_oh, stride_om, stride_os, stride_od,  # O (B, H, n_q[, split], d)
     stride_lb, stride_lh, stride_lm, stride_ls,  # lse (B, H, n_q[, split])
     stride_tb, stride_tn,  # the block table (B, blocks per sequence)
-    n_kv_heads, group_size, n_q, head_dim, n_splits, block_size, qk_scale,
-    PAGED: tl.constexpr, CAUSAL: tl.constexpr, PARTIAL: tl.constexpr,
+    n_kv_heads, group_size, n_q, head_dim, n_splits, qk_scale,
+    PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One program: one tile of packed rows (query × head of a group) of one (batch, KV head), against
@@ -87,10 +88,14 @@ def _decode_partial_kernel(
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < end
         rows_n = offs_n.to(tl.int64)  # × a token stride, which may be large (a (tokens, B, H_kv, d) cache)
-        if PAGED:  # key j: row j mod block_size of block block_table[b, j // block_size]
-            block = tl.load(table_ptr + batch * stride_tb + (offs_n // block_size) * stride_tn, mask=key_ok, other=0)
-            k_rows = block.to(tl.int64) * stride_kb + (rows_n % block_size) * stride_kn
-            v_rows = block.to(tl.int64) * stride_vb + (rows_n % block_size) * stride_vn
+        if PAGED:  # key j: row j mod PAGE of block block_table[b, j // PAGE] (PAGE a constant: shifts, not divisions)
+            if PAGE % BLOCK_N == 0:  # the tile lies in one block: one entry of the table
+                block = tl.load(table_ptr + batch * stride_tb + (start_n // PAGE) * stride_tn).to(tl.int64)
+            else:
+                block = tl.load(table_ptr + batch * stride_tb + (offs_n // PAGE) * stride_tn, mask=key_ok, other=0)
+                block = block.to(tl.int64)
+            k_rows = block * stride_kb + (rows_n % PAGE) * stride_kn
+            v_rows = block * stride_vb + (rows_n % PAGE) * stride_vn
         else:
             k_rows = batch * stride_kb + rows_n * stride_kn
             v_rows = batch * stride_vb + rows_n * stride_vn
@@ -174,11 +179,23 @@ def choose_num_splits(batch: int, kv_heads: int, row_tiles: int, max_keys: int, 
     return max(1, min(wanted, most, MAX_SPLITS))
 
 
-def decode_tiles(n_q: int, group: int, head_dim: int) -> dict:
-    """The partial kernel's tile: BLOCK_M packed rows (at least tl.dot's 16), BLOCK_N keys, warps, stages."""
+SHARED_BYTES = 160 * 2**10  # what the key and value tiles of every stage may take (an H100 has 227 KiB)
+
+
+def decode_tiles(n_q: int, group: int, head_dim: int, itemsize: int = 2) -> dict:
+    """The partial kernel's tile: BLOCK_M packed rows (at least tl.dot's 16), BLOCK_N keys, warps, stages;
+    BLOCK_N halved until the stages' key and value tiles fit in SHARED_BYTES."""
     if interpreter_active():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
-    return dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(n_q * group))), BLOCK_N=64, num_warps=4, num_stages=3)
+    tiles = dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(n_q * group))), BLOCK_N=64, num_warps=4, num_stages=3)
+    while tiles["BLOCK_N"] > 16 and 2 * tiles["num_stages"] * tiles["BLOCK_N"] * head_dim_block(head_dim) * itemsize > SHARED_BYTES:
+        tiles["BLOCK_N"] //= 2
+    return tiles
+
+
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
 
 
 _empty = torch.empty  # every buffer the launcher allocates (tests poison them: unwritten elements stay NaN)
@@ -322,26 +339,25 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     n_new = 0 if k is None else k.shape[2]
     if n_new:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    n_keys = (cache_seqlens + n_new).to(torch.int32)  # every sequence's keys after the append
+    n_keys = cache_seqlens if not n_new and cache_seqlens.dtype == torch.int32 else (cache_seqlens + n_new).int()
     out = _empty(q.shape, dtype=q.dtype, device=q.device)
     lse = _empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
         return out, lse
 
     group = heads // kv_heads
-    tiles = decode_tiles(n_q, group, head_dim)
+    tiles = decode_tiles(n_q, group, head_dim, q.element_size())
     block_m, block_n = tiles["BLOCK_M"], tiles["BLOCK_N"]
     block_d = head_dim_block(head_dim)
     row_tiles = triton.cdiv(n_q * group, block_m)
     if num_splits is None:  # chosen for the longest sequence the cache holds; each sequence divides its own
-        sm_count = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 1
-        num_splits = choose_num_splits(batch, kv_heads, row_tiles, capacity, sm_count, block_n)
+        num_splits = choose_num_splits(batch, kv_heads, row_tiles, capacity, _sm_count(q.device), block_n)
     num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max(capacity, 1), block_n)))
     table = block_table if block_table is not None else n_keys  # (unread without PAGED)
     table_strides = block_table.stride() if block_table is not None else (0, 0)
-    common = dict(PAGED=block_table is not None, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
+    common = dict(PAGED=block_table is not None, PAGE=k_cache.shape[2] if block_table is not None else 1, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
                   **tiles)
-    sizes = (kv_heads, group, n_q, head_dim, num_splits, k_cache.shape[2], scale * LOG2_E)
+    sizes = (kv_heads, group, n_q, head_dim, num_splits, scale * LOG2_E)
     grid = (batch * kv_heads, row_tiles, num_splits)
     if num_splits == 1:
         _decode_partial_kernel[grid](
