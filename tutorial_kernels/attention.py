@@ -37,7 +37,7 @@ import torch
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
-from tutorial_kernels.ch08_decode import check_kvcache_inputs, run_kvcache
+from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key, relaunch_kvcache, run_kvcache
 from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
                                           preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
@@ -342,11 +342,21 @@ def flash_attention_with_kvcache(
     """New queries against a KV cache, contiguous or paged, after appending k and v to it in place:
     chapter 8's kernels (`ch08_decode.flash_attention_with_kvcache` states the arguments, flash-attn's
     names). Under torch.compile the call is one operator of the graph; eagerly it skips the operator's
-    dispatch, as `flash_attention` does. Returns O (B, H, n_q, d), and with return_lse (O, lse)."""
+    dispatch, as `flash_attention` does, and a call like an earlier one (shapes, strides, dtypes, flags)
+    repeats its launches without checks or Triton's dispatch. Returns O (B, H, n_q, d), and with
+    return_lse (O, lse)."""
+    if torch.compiler.is_compiling():  # traced once: the operator goes into the graph
+        cache_seqlens, scale = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal,
+                                                    sm_scale, num_splits)
+        out, lse = _attention_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, num_splits)
+        return (out, lse) if return_lse else out
+    plan = kvcache_call_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, sm_scale, num_splits)
+    done = relaunch_kvcache(plan, q, k_cache, v_cache, k, v, cache_seqlens, block_table) if plan is not None else None
+    if done is not None:
+        return done if return_lse else done[0]
     cache_seqlens, scale = check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal,
                                                 sm_scale, num_splits)
-    run = _attention_kvcache if torch.compiler.is_compiling() else run_kvcache
-    out, lse = run(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, num_splits)
+    out, lse = run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, num_splits, plan)
     return (out, lse) if return_lse else out
 # --8<-- [end:kvcache]
 

@@ -29,11 +29,13 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Hashable
 
 import torch
 import triton
 import triton.language as tl
 
+from tutorial_kernels.perf.launch_plan import LaunchPlans, tensor_signature
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.tiling import LOG2_E, from_log2_units, head_dim_block
@@ -331,8 +333,9 @@ def flash_attention_with_kvcache(
 
 
 def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: bool, scale: float,
-                num_splits: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The launches of `flash_attention_with_kvcache` on checked inputs: (O, lse)."""
+                num_splits: int | None, plan: Hashable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The launches of `flash_attention_with_kvcache` on checked inputs: (O, lse). With `plan`
+    (`kvcache_call_key`), the launches are remembered for `relaunch_kvcache`."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads = k_cache.shape[1]
     capacity = k_cache.shape[2] * (block_table.shape[1] if block_table is not None else 1)
@@ -359,23 +362,86 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
                   **tiles)
     sizes = (kv_heads, group, n_q, head_dim, num_splits, scale * LOG2_E)
     grid = (batch * kv_heads, row_tiles, num_splits)
-    if num_splits == 1:
-        _decode_partial_kernel[grid](
-            q, k_cache, v_cache, out, lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+    if plan is not None:
+        if len(_SPLITS) >= MAX_PLANS:  # a server's shapes are few; a sweep's are not: start again
+            _SPLITS.clear(), _PARTIAL.clear(), _COMBINE.clear()
+        _SPLITS[plan] = num_splits
+    if num_splits == 1:  # _decode_partial_kernel[grid](…), remembered under `plan` (perf/launch_plan.py)
+        _PARTIAL.launch(
+            plan, grid, q, k_cache, v_cache, out, lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
             out.stride(0), out.stride(1), out.stride(2), 0, out.stride(3), *lse.stride(), 0, *table_strides,
             *sizes, PARTIAL=False, **common)
     else:
         part = _empty((batch, heads, n_q, num_splits, head_dim), dtype=torch.float32, device=q.device)
         part_lse = _empty((batch, heads, n_q, num_splits), dtype=torch.float32, device=q.device)
-        _decode_partial_kernel[grid](
-            q, k_cache, v_cache, part, part_lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        _PARTIAL.launch(
+            plan, grid, q, k_cache, v_cache, part, part_lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
             *part.stride(), *part_lse.stride(), *table_strides, *sizes, PARTIAL=True, **common)
-        _decode_combine_kernel[(batch * heads * n_q,)](
-            part, part_lse, out, lse, part.stride(2), part.stride(3), part.stride(4), part_lse.stride(2),
+        _COMBINE.launch(
+            plan, (batch * heads * n_q,), part, part_lse, out, lse, part.stride(2), part.stride(3), part.stride(4), part_lse.stride(2),
             part_lse.stride(3), *out.stride(), heads, n_q, head_dim, num_splits,
             BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d)
     return out, lse
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits", "decode_tiles"]
+# Launches repeated without Triton's dispatch (perf/launch_plan.py): a decode step is a few
+# microseconds of GPU work, and Triton's Python per launch costs more than that.
+_PARTIAL = LaunchPlans(_decode_partial_kernel)
+_COMBINE = LaunchPlans(_decode_combine_kernel)
+_SPLITS: dict = {}  # plan → the number of splits its launches use
+MAX_PLANS = 1024
+
+
+def kvcache_call_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, sm_scale,
+                     num_splits) -> Hashable | None:
+    """A key equal for two calls of `flash_attention_with_kvcache` that every check treats alike and
+    that launch the same kernels with the same scalars: the tensors' shapes, strides, dtypes, devices
+    and alignment, and the flags. None where the full path must run: on the CPU (its checks read the
+    lengths), for an int cache_seqlens, an input that requires grad, or arguments of a kind the checks
+    would refuse."""
+    if not (type(causal) is bool and (sm_scale is None or type(sm_scale) is float)
+            and (num_splits is None or type(num_splits) is int) and isinstance(q, torch.Tensor) and q.is_cuda
+            and isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
+            and isinstance(cache_seqlens, torch.Tensor) and (block_table is None or isinstance(block_table, torch.Tensor))
+            and ((k is None and v is None) or (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)))):
+        return None
+    if torch.is_grad_enabled() and (q.requires_grad or (k is not None and (k.requires_grad or v.requires_grad))):
+        return None
+    try:
+        return (causal, sm_scale, num_splits, tensor_signature(q), tensor_signature(k_cache),
+                tensor_signature(v_cache), tensor_signature(cache_seqlens),
+                None if block_table is None else tensor_signature(block_table),
+                None if k is None else (tensor_signature(k), tensor_signature(v)))
+    except RuntimeError:  # a tensor without strides (sparse, nested): the checks will say so
+        return None
+
+
+def relaunch_kvcache(plan: Hashable, q, k_cache, v_cache, k, v, cache_seqlens,
+                     block_table) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(O, lse) of a call whose key is `plan`, by the launches `run_kvcache` remembered under it,
+    without checks or Triton's dispatch; None, having done nothing, when none are remembered for
+    the current device. Nothing is checked: `plan` must be the key these very arguments give."""
+    num_splits = _SPLITS.get(plan)
+    if num_splits is None or not _PARTIAL.ready(plan) or (num_splits > 1 and not _COMBINE.ready(plan)):
+        return None
+    n_new = 0 if k is None else k.shape[2]
+    if n_new:
+        _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
+    n_keys = cache_seqlens if not n_new and cache_seqlens.dtype == torch.int32 else (cache_seqlens + n_new).int()
+    batch, heads, n_q, head_dim = q.shape
+    out = _empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = _empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
+    table = block_table if block_table is not None else n_keys
+    if num_splits == 1:
+        _PARTIAL.relaunch(plan, q, k_cache, v_cache, out, lse, n_keys, table)
+        return out, lse
+    part = _empty((batch, heads, n_q, num_splits, head_dim), dtype=torch.float32, device=q.device)
+    part_lse = _empty((batch, heads, n_q, num_splits), dtype=torch.float32, device=q.device)
+    _PARTIAL.relaunch(plan, q, k_cache, v_cache, part, part_lse, n_keys, table)
+    _COMBINE.relaunch(plan, part, part_lse, out, lse)
+    return out, lse
+
+
+__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits", "decode_tiles",
+           "kvcache_call_key", "relaunch_kvcache"]

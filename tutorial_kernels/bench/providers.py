@@ -27,7 +27,6 @@ from tutorial_kernels import ch04_flash_v1 as ch04
 from tutorial_kernels import ch05_flash_v2 as ch05
 from tutorial_kernels import ch07_hopper
 from tutorial_kernels import ch06_backward as ch06
-from tutorial_kernels.ch08_decode import flash_attention_with_kvcache
 from tutorial_kernels.validation import UnsupportedShape
 
 
@@ -75,12 +74,14 @@ def paged_copy(k_cache: torch.Tensor, v_cache: torch.Tensor, seqlens: torch.Tens
 
 
 def _kvcache(block_size: int | None) -> Callable:
-    """flash_attention_with_kvcache reading the drawn cache (None), or a paged copy of it, with no append."""
+    """The front door's flash_attention_with_kvcache reading the drawn cache (None), or a paged copy of it,
+    with no append."""
     def factory(q, k_cache, v_cache, seqlens):
         if block_size is None:
-            return lambda: flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
+            return lambda: attention.flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens)
         k_pool, v_pool, table = paged_copy(k_cache, v_cache, seqlens, block_size)
-        return lambda: flash_attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=seqlens, block_table=table)
+        return lambda: attention.flash_attention_with_kvcache(q, k_pool, v_pool, cache_seqlens=seqlens,
+                                                              block_table=table)
     return factory
 
 
@@ -143,10 +144,11 @@ PROVIDERS: dict[str, Provider] = {
     "flash-attention": Provider("FlashAttention-2 fwd + bwd Triton (ch. 6)", partial(ch06.flash_attention, tuned=True),
                                 config=ch06.tuned_backward_choice),
     # decoding (DecodeShape): fn(q, k_cache, v_cache, seqlens) → the call to time
-    "kvcache": Provider("flash_attention_with_kvcache, contiguous cache (ch. 8)", _kvcache(None)),
-    "kvcache-paged16": Provider("flash_attention_with_kvcache, paged cache, 16-token blocks (ch. 8)", _kvcache(16)),
-    "kvcache-paged256": Provider("flash_attention_with_kvcache, paged cache, 256-token blocks (ch. 8)",
-                                 _kvcache(256)),
+    "kvcache": Provider("tutorial_kernels.flash_attention_with_kvcache, contiguous cache (ch. 8)", _kvcache(None)),
+    "kvcache-paged16": Provider("tutorial_kernels.flash_attention_with_kvcache, paged cache, 16-token blocks (ch. 8)",
+                                _kvcache(16)),
+    "kvcache-paged256": Provider("tutorial_kernels.flash_attention_with_kvcache, paged cache, 256-token blocks "
+                                 "(ch. 8)", _kvcache(256)),
     "sdpa-flash-gqa": Provider("torch SDPA: flash, enable_gqa, on the sliced cache", _sdpa_decode,
                                _pinned(SDPBackend.FLASH_ATTENTION)),
     "sdpa-cudnn-gqa": Provider("torch SDPA: cuDNN, enable_gqa, on the sliced cache", _sdpa_cudnn_decode,

@@ -10,7 +10,7 @@ data row) with the same protocol:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ClassVar
 
 import torch
 
@@ -184,6 +184,9 @@ class DecodeShape:
     in [n/2, n] from `lengths_seed` (the same lengths in every run). The cache is drawn contiguous,
     (batch, kv_heads, n, head_dim); a provider's fn is a factory, fn(q, k_cache, v_cache, seqlens) → the
     call to time, which lays the cache out as it reads it (a paged pool, a slice) untimed."""
+
+    # timed as a CUDA graph's replay: a step's GPU work is shorter than a Python launch (timing.py)
+    cuda_graph: ClassVar[bool] = True
 
     batch: int
     heads: int

@@ -167,10 +167,17 @@ SUITES: dict[str, Suite] = {
         default_out="ch08_decode.json",
         notes=["GB/s is KV bandwidth: the keys and values one step must read, Σ_b seqlens[b] · kv_heads · head_dim "
                "· 2 tensors · itemsize, over the time; the copy ceiling counts bytes read + written.",
+               "ms is the GPU's time alone: each provider's call captured in a CUDA graph (torch.cuda.graph) after "
+               "its check, the graph's replay timed (a decode step's GPU work is shorter than a launch from Python, "
+               "as a serving engine replays graphs). eager_ms: the call itself under do_bench (warmup 10 ms, rep "
+               "50 ms, median), where the host's launch cost shows when it exceeds the GPU's time; host_us: the "
+               "host's time per eager call, the mean over 50 calls enqueued back to back.",
                "varying_lengths: seqlens[b] uniform in [n/2, n], torch.randint(n // 2, n + 1, (batch,)) from "
                "torch.Generator().manual_seed(lengths_seed), listed in each measured row; SDPA and the front door "
                "take one length per call and are recorded 'unsupported' there.",
-               "kvcache: no append (k = v = None), cache_seqlens the lengths, num_splits chosen by the kernel. "
+               "kvcache: the front door's flash_attention_with_kvcache, no append (k = v = None), cache_seqlens the "
+               "lengths, num_splits chosen by the launcher; its first call (the check's) remembers its launches, "
+               "which later calls repeat. "
                "kvcache-paged16/256 copy the drawn cache, untimed, into a pool of 16- or 256-token blocks handed "
                "out in a shuffled order (torch.randperm, seed 0), as an allocator serving many sequences leaves them.",
                "SDPA runs non-causal (its mask is top-left; the one query sees every key), the front door causal "

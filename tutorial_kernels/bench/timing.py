@@ -3,6 +3,8 @@
 `measure_shape(providers, shape)` returns one data row per provider: the shape's fields, the seed,
 the check against float64, the peak extra memory of one call and, when it ran, `ms` (median over
 `ROUNDS` interleaved rounds of `triton.testing.do_bench`, each round's in `ms_rounds`) and the rates.
+A shape with `cuda_graph` (a decode step: microseconds of GPU work) is timed as a CUDA graph's replay,
+the GPU's time alone, and its row adds the eager call's time and host cost (`_graphed`).
 A provider that cannot run the shape gets status "oom" or "unsupported" (`refusal_reason`) instead of
 an exception. Needs a CUDA GPU.
 """
@@ -10,6 +12,7 @@ an exception. Needs a CUDA GPU.
 from __future__ import annotations
 
 from dataclasses import asdict
+import time
 from typing import TYPE_CHECKING, Callable
 
 import torch
@@ -40,6 +43,26 @@ def refusal_reason(err: Exception) -> str | None:
     return None
 
 
+HOST_CALLS = 50  # eager calls whose host time is averaged (few enough that the GPU's queue never fills)
+
+
+def _graphed(call: Callable) -> tuple[Callable, dict]:
+    """For a shape timed on the GPU alone (`shape.cuda_graph`): the call captured in a CUDA graph, whose
+    replay is what the rounds time, and the eager call's own numbers, `eager_ms` (do_bench, the host's
+    launch cost included where it exceeds the GPU's time) and `host_us` (the host's time per call)."""
+    eager_ms = triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median")
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(HOST_CALLS):
+        call()
+    host_us = (time.perf_counter() - start) / HOST_CALLS * 1e6
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call()
+    return graph.replay, {"eager_ms": eager_ms, "host_us": host_us}
+
+
 def _prepare(provider: Provider, shape, probing: bool = False) -> tuple[dict, Callable | None]:
     """Draw inputs, compile (and autotune), check the output against float64 and measure peak extra
     memory. Returns the row so far and the call to time, or None when the provider cannot run it.
@@ -62,6 +85,9 @@ def _prepare(provider: Provider, shape, probing: bool = False) -> tuple[dict, Ca
             row["peak_extra_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
             row.update(shape.check(out, args))
             del out
+            if getattr(shape, "cuda_graph", False):
+                call, measured = _graphed(call)
+                row.update(measured)
     except Exception as err:
         status = refusal_reason(err)
         if status is None and not probing:

@@ -126,6 +126,11 @@ class LaunchPlans:
     def __contains__(self, key: Hashable | None) -> bool:
         return key in self._plans
 
+    def ready(self, key: Hashable | None) -> bool:
+        """Whether `relaunch(key, ...)` would launch: a launch is remembered under `key` for the current device."""
+        plan = self._plans.get(key)
+        return plan is not None and plan.device == driver.active.get_current_device()
+
     def launch(self, key: Hashable | None, grid: tuple[int, ...], *args, **kwargs) -> None:
         """`kernel[grid](*args, **kwargs)`, remembered under `key` (None: not remembered) so that
         `relaunch(key, ...)` can repeat it with other tensors."""

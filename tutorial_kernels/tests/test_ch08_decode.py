@@ -116,14 +116,16 @@ def poisoned_buffers(monkeypatch):
     monkeypatch.setattr(ch08_decode, "_empty", empty)
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
-def test_decode_matches_float64_within_the_peer_rule(case: DecodeCase, dtype: torch.dtype, poisoned_buffers):
-    seed = fresh_seed()
+def _call_and_check(case: DecodeCase, dtype: torch.dtype, seed: int, call=flash_attention_with_kvcache,
+                    misaligned: bool = False) -> None:
+    """One call on fresh inputs drawn from `seed`, checked: the output and lse against float64 within the
+    peers' rule, and the cache after the append. `misaligned`: q starts one element past a 16-byte boundary."""
     q, k_cache, v_cache, k, v, lengths, table = _draw(case, dtype, seed)
+    if misaligned:
+        q = torch.cat([q.new_zeros(1), q.reshape(-1)])[1:].view(q.shape)
     before_k, before_v = k_cache.clone(), v_cache.clone()
-    out, lse = flash_attention_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=lengths, block_table=table,
-                                            causal=case.causal, num_splits=case.num_splits, return_lse=True)
+    out, lse = call(q, k_cache, v_cache, k, v, cache_seqlens=lengths, block_table=table,
+                    causal=case.causal, num_splits=case.num_splits, return_lse=True)
     n_keys = lengths + case.n_new
     want, want_lse = reference_kvcache_attention(q, k_cache, v_cache, n_keys, table, case.causal)
     baseline = _pytorch_same_dtype(q, k_cache, v_cache, n_keys, table, case.causal)
@@ -144,6 +146,26 @@ def test_decode_matches_float64_within_the_peer_rule(case: DecodeCase, dtype: to
             expected_k[where], expected_v[where] = k[b, :, t], v[b, :, t]
     assert torch.equal(k_cache, expected_k), f"the keys cached after the append; seed={seed}"
     assert torch.equal(v_cache, expected_v), f"the values cached after the append; seed={seed}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=str)
+def test_decode_matches_float64_within_the_peer_rule(case: DecodeCase, dtype: torch.dtype, poisoned_buffers):
+    _call_and_check(case, dtype, fresh_seed())
+
+
+@pytest.mark.parametrize("case", CASES[:3] + CASES[-4:], ids=lambda c: c.id)
+def test_the_front_door_repeats_a_call_on_new_values(case: DecodeCase, poisoned_buffers):
+    """The front door's second call like the first (shapes, strides, dtypes, flags) relaunches the first's
+    kernels without checks (on a GPU): new values and lengths in the same shapes must come out right, and
+    a q at an address of another alignment must not take the first call's kernels."""
+    import tutorial_kernels
+
+    dtype = torch.float16 if ON_GPU else torch.float32
+    _call_and_check(case, dtype, fresh_seed(), tutorial_kernels.flash_attention_with_kvcache)
+    shuffled = DecodeCase(**{**case.__dict__, "lengths": case.lengths[::-1]})  # the same shapes, other lengths
+    _call_and_check(shuffled, dtype, fresh_seed(), tutorial_kernels.flash_attention_with_kvcache)
+    _call_and_check(shuffled, dtype, fresh_seed(), tutorial_kernels.flash_attention_with_kvcache, misaligned=True)
 
 
 def test_the_splits_merge_to_the_one_pass_answer():
