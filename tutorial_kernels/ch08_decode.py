@@ -229,6 +229,13 @@ def _append(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: to
     v_cache[sequences, :, rows] = v.permute(0, 2, 1, 3).to(v_cache.dtype)
 
 
+def _key_counts(cache_seqlens: torch.Tensor, n_new: int) -> torch.Tensor:
+    """Every sequence's keys after the append, (B,) int32 with unit stride (the kernel reads entry b at b)."""
+    if not n_new and cache_seqlens.dtype == torch.int32 and cache_seqlens.stride(0) == 1:
+        return cache_seqlens
+    return (cache_seqlens + n_new).int()  # a new tensor, contiguous even from an expanded one
+
+
 def check_kvcache_inputs(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, sm_scale,
                          num_splits) -> tuple[torch.Tensor, float]:
     """Validate `flash_attention_with_kvcache`'s arguments (its docstring states them); return
@@ -342,7 +349,7 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     n_new = 0 if k is None else k.shape[2]
     if n_new:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    n_keys = cache_seqlens if not n_new and cache_seqlens.dtype == torch.int32 else (cache_seqlens + n_new).int()
+    n_keys = _key_counts(cache_seqlens, n_new)
     out = _empty(q.shape, dtype=q.dtype, device=q.device)
     lse = _empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     if out.numel() == 0:
@@ -428,7 +435,7 @@ def relaunch_kvcache(plan: Hashable, q, k_cache, v_cache, k, v, cache_seqlens,
     n_new = 0 if k is None else k.shape[2]
     if n_new:
         _append(k_cache, v_cache, k, v, cache_seqlens, block_table)
-    n_keys = cache_seqlens if not n_new and cache_seqlens.dtype == torch.int32 else (cache_seqlens + n_new).int()
+    n_keys = _key_counts(cache_seqlens, n_new)
     batch, heads, n_q, head_dim = q.shape
     out = _empty(q.shape, dtype=q.dtype, device=q.device)
     lse = _empty((batch, heads, n_q), dtype=torch.float32, device=q.device)

@@ -21,6 +21,10 @@ refuses rather than computing something else:
 * any head dimension from 16 to 256, so Phi-2's 80 as well as Llama's 128;
 * causal attention with the mask aligned to the bottom-right corner, which is what a model with a
   key/value cache needs (see `tutorial_flash_attention`);
+* decoding steps (a few new queries against a cache) through chapter 8's decode kernel, and a static
+  cache (`cache_implementation="static"`, fixed-size buffers with empty slots at the end) through the
+  same kernel, which reads each sequence's first `cache_seqlens` keys: the mask function hands the
+  attention function those lengths instead of a mask (`tutorial_flash_mask`);
 * no padding, no sliding window that actually cuts keys off, no dropout, no soft-capping, no
   attention sinks: each raises a ValueError that says so instead of returning a wrong answer.
 
@@ -31,7 +35,7 @@ from __future__ import annotations
 
 import torch
 
-from tutorial_kernels.attention import flash_attention
+from tutorial_kernels.attention import flash_attention, flash_attention_with_kvcache
 
 # Not "tutorial_flash": transformers 5 reads any implementation name containing "flash" as a request
 # for the flash-attn package (`is_flash_attention_requested`) and tries to import it from the Hub.
@@ -39,6 +43,10 @@ DEFAULT_NAME = "tutorial_fa2"
 
 _HELP = ("use attn_implementation='sdpa' (or 'eager') for inputs that need it, or run unpadded "
          "batches: one sequence, or sequences of equal length with an all-ones attention_mask")
+# A call with at most this many packed rows (new queries × query heads per key/value head) is a
+# decoding step: chapter 8's kernel, which splits the keys across the GPU, not chapter 5's, which
+# gives each program a tile of 64 or more query rows and here would leave nearly all of them empty.
+DECODE_ROWS = 64
 
 
 # --8<-- [start:attention_forward]
@@ -52,9 +60,9 @@ def tutorial_flash_attention(
     scaling: float | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    """softmax(scaling · Q Kᵀ) V through chapter 5's kernel, in the calling convention of
-    `transformers.AttentionInterface`. Returns ((B, n_q, H, d) contiguous, None): attention weights
-    are never formed, which is the point of the kernel.
+    """softmax(scaling · Q Kᵀ) V through the package's kernels, in the calling convention of
+    `transformers.AttentionInterface`. Returns ((B, n_q, H, d), None): attention weights are never
+    formed, which is the point of the kernels. The output is contiguous.
 
     Causal or not comes from the `is_causal` keyword when the model passes one, else from
     `module.is_causal`, as in transformers' own SDPA path. The causal mask is aligned to the
@@ -63,15 +71,17 @@ def tutorial_flash_attention(
     (n_q = 1) sees every cached key, as it must.
 
     `attention_mask` is None when the model needs no mask (`tutorial_flash_mask` sees to that for
-    causal and unpadded inputs). A mask that arrives anyway is accepted only if it hides nothing the
-    kernel would not hide; anything else (padding, a packed batch, a static cache's empty slots, an
-    additive bias) raises a ValueError.
+    causal and unpadded inputs), or, for a static cache, the (B,) int32 count of each sequence's keys in
+    the fixed-size buffers (also `tutorial_flash_mask`'s). A mask that arrives anyway is accepted only if
+    it hides nothing the kernel would not hide; anything else (padding, a packed batch, an additive
+    bias) raises a ValueError.
 
-    The call goes through the package's front door, `tutorial_kernels.flash_attention`, which picks
-    the forward (on a Hopper GPU at head_dim 128 or 256 with enough queries and keys for it to be the faster,
-    a prefill, not a decoding step: chapter 7's Hopper kernel, FA3's schedule; elsewhere chapter 5's
-    autotuned Triton kernel) and, with autograd recording (training), the backward (chapter 7's where
-    `ch07_hopper_backward.preferred_over_triton`, else chapter 6's kernels).
+    Which kernel: at inference, a call of at most DECODE_ROWS rows (n_q × H / H_kv: a decoding step)
+    and every call against a static cache go to `tutorial_kernels.flash_attention_with_kvcache`
+    (chapter 8). The others go to the front door, `tutorial_kernels.flash_attention`, which picks the
+    forward (chapter 7's Hopper kernel on a Hopper GPU where it is the faster, else chapter 5's
+    autotuned kernel) and, with autograd recording (training), the backward (chapter 7's where
+    `ch07_hopper_backward.preferred_over_triton`, else chapter 6's).
     """
     if dropout:
         raise ValueError(
@@ -93,10 +103,23 @@ def tutorial_flash_attention(
         )
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    if attention_mask is not None and attention_mask.dim() == 1:
+        # a static cache: the mask function's (B,) lengths, each sequence's keys in the fixed-size buffers
+        if training:
+            raise ValueError("a static cache is for generation: gradients through it are not supported; train "
+                             "without a cache (use_cache=False)")
+        out = flash_attention_with_kvcache(query, key, value, cache_seqlens=attention_mask, causal=causal,
+                                           sm_scale=scaling)
+        return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d): no copy for one new token
     if attention_mask is not None:
         _check_mask_is_redundant(attention_mask, n_q, n_k, causal)
+    if not training and n_q * (query.shape[1] // key.shape[1]) <= DECODE_ROWS:
+        # a decoding step against a growing (dynamic) cache: all n_k keys are the sequence's
+        out = flash_attention_with_kvcache(query, key, value, cache_seqlens=n_k, causal=causal, sm_scale=scaling)
+        return out.transpose(1, 2).contiguous(), None
 
-    if torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value)):
+    if training:
         out = flash_attention(query, key, value, causal, scaling)  # differentiable: the front door's kernels
         return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d), the layout o_proj reads: one copy
     # At inference the kernel writes straight into a (B, n_q, H, d) buffer, through a (B, H, n_q, d)
@@ -151,7 +174,7 @@ def _check_mask_is_redundant(mask: torch.Tensor, n_q: int, n_k: int, causal: boo
         raise ValueError(
             f"attention_mask: this tutorial's kernel computes {pattern} attention over all {n_k} keys and "
             f"cannot apply this mask, which differs from that in {differ} of {visible.numel()} (query, key) "
-            f"entries: padding, packed sequences or the empty slots of a static cache are not supported; {_HELP}"
+            f"entries: padding or packed sequences are not supported; {_HELP}"
         )
 
 
@@ -175,14 +198,22 @@ def tutorial_flash_mask(
     Without this registration transformers would pass None for every input of a custom
     implementation, padded or not, and a padded batch would be computed wrongly without a word.
 
+    For a static cache (causal, keys from position 0, empty slots past the sequence) it returns the
+    (B,) int32 count of each sequence's keys, q_offset + q_length, computed on the GPU where q_offset
+    is a tensor (no wait for the device, no graph break under torch.compile).
+
     A 2-D padding mask that hides a token raises here, once per forward. Patterns the kernel cannot
-    produce (packed sequences, a sliding window that bites, a static cache's empty slots, masks the
-    model asked to be materialised) are built as transformers builds them for SDPA, and
-    `tutorial_flash_attention` then refuses them, or runs if they turn out to hide nothing more.
+    produce (packed sequences, a sliding window that bites, masks the model asked to be materialised)
+    are built as transformers builds them for SDPA, and `tutorial_flash_attention` then refuses them,
+    or runs if they turn out to hide nothing more.
     """
     from transformers.masking_utils import bidirectional_mask_function, causal_mask_function, sdpa_mask
 
     mask_function = causal_mask_function if mask_function is None else mask_function
+    if attention_mask is not None and attention_mask.dim() == 1:
+        # lengths this function returned already: generate() prepares a static cache's mask before the
+        # forward (prepare_inputs_for_generation), and the model hands it back here
+        return attention_mask
     if attention_mask is not None:
         seen = attention_mask[:, kv_offset : kv_offset + kv_length]
         if not bool(seen.all()):
@@ -194,6 +225,12 @@ def tutorial_flash_mask(
         whole = attention_mask.shape[-1] >= kv_offset + kv_length  # shorter: a static cache's empty slots follow
     else:
         whole = True
+    if mask_function is causal_mask_function and isinstance(kv_offset, int) and kv_offset == 0 and (
+            isinstance(q_offset, torch.Tensor) or q_offset + q_length < kv_length):
+        # a static cache (its layers give q_offset as a tensor, once filled): fixed-size buffers whose first
+        # q_offset + q_length slots hold each sequence. Causal attention over just those is chapter 8's
+        # kernel given their count, which is what the attention function receives instead of a mask
+        return _static_cache_lengths(q_offset, q_length, batch_size, kwargs.get("device"))
     window_harmless = local_size is not None and kv_length < local_size  # transformers' own test, see sdpa_mask
     if isinstance(q_offset, torch.Tensor):
         q_offset = int(q_offset)
@@ -209,6 +246,13 @@ def tutorial_flash_mask(
         allow_is_causal_skip=False, allow_is_bidirectional_skip=False, **kwargs,
     )
 # --8<-- [end:mask]
+
+
+def _static_cache_lengths(q_offset, q_length: int, batch_size: int, device) -> torch.Tensor:
+    """(B,) int32: q_offset + q_length for every sequence (q_offset an int, or a static cache's 0-d tensor)."""
+    if isinstance(q_offset, torch.Tensor):
+        return (q_offset.reshape(1) + q_length).to(torch.int32).repeat(batch_size)
+    return torch.full((batch_size,), q_offset + q_length, dtype=torch.int32, device=device)
 
 
 # --8<-- [start:register]

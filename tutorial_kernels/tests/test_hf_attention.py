@@ -117,6 +117,24 @@ def test_generation_with_a_kv_cache_matches_eager_and_builds_no_mask():
     assert per_layer == [(1, 22, True), (1, 23, True), (1, 24, True), (21, 21, True)], per_layer
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_generation_with_a_static_cache_matches_eager(batch):
+    """generate() with cache_implementation="static": fixed-size buffers with empty slots, which every
+    call (prefill and each step) reads through chapter 8's kernel up to the lengths the mask function
+    counts; the logits that chose each token equal eager's, without a cache, on the same tokens."""
+    seed = fresh_seed()
+    model = build(tiny_llama(), seed)
+    ids = token_ids(97, batch, 13, seed)
+    model.set_attn_implementation(NAME)
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, min_new_tokens=4,
+                             do_sample=False, output_logits=True, return_dict_in_generate=True, pad_token_id=0,
+                             cache_implementation="static")
+    steps = torch.stack(out.logits, 1).float()  # (batch, 4, vocab)
+    expected = logits_with(model, "eager", input_ids=out.sequences[:, :-1])[:, 12:]
+    assert_close(steps, expected, torch.float32, seed=seed, what="logits of each generated token")
+
+
 def test_training_gradients_match_eager():
     # with autograd on, the layers go through chapter 6's flash_attention (forward + backward kernels)
     seed = fresh_seed()
@@ -186,7 +204,8 @@ def test_a_mask_that_hides_nothing_more_than_causal_is_accepted():
         assert torch.equal(out, plain)
 
 
-@pytest.mark.parametrize("batch,heads,kv_heads,n_q", [(1, 4, 2, 7), (2, 4, 2, 1), (2, 1, 1, 5)],
+# n_q × H / H_kv above DECODE_ROWS: the prefill path (a decoding step's is tested below)
+@pytest.mark.parametrize("batch,heads,kv_heads,n_q", [(1, 4, 2, 40), (2, 4, 2, 33), (2, 1, 1, 65)],
                          ids=lambda x: str(x))
 def test_the_output_is_contiguous_in_transformers_layout_whatever_the_querys(monkeypatch, batch, heads, kv_heads, n_q):
     # (B, n_q, H, d) contiguous, the layout o_proj reads, from a query in the projections' layout (a
@@ -228,13 +247,43 @@ def test_mask_function_returns_none_exactly_when_the_kernel_needs_no_mask():
     # prefill without cache, and a decoding step after 5 cached tokens: nothing to build
     assert tutorial_flash_mask(batch_size=2, q_length=6, kv_length=6, attention_mask=ones) is None
     assert tutorial_flash_mask(batch_size=2, q_length=1, kv_length=6, q_offset=5, attention_mask=ones) is None
-    # a static cache of 10 slots holding 6 tokens: the empty slots must stay hidden, which the
-    # bottom-right causal kernel cannot do; the mask is built, and the attention function refuses it
-    mask = tutorial_flash_mask(batch_size=2, q_length=6, kv_length=10, attention_mask=ones)
-    assert mask is not None and mask.shape == (2, 1, 6, 10)
-    q, k, v = _qkv(6, 10, 3)
-    with pytest.raises(ValueError, match=r"empty slots of a static cache are not supported"):
-        tutorial_flash_attention(_Layer(), q, k, v, mask[:1])
+
+
+@pytest.mark.parametrize("q_offset", [0, 4, "tensor"])
+def test_a_static_cache_gets_its_lengths_and_attends_to_its_filled_slots_only(q_offset):
+    """A static cache of 10 slots, q_offset tokens already cached and 2 or 6 new: the mask function
+    returns each sequence's count of filled slots (from a 0-d tensor q_offset as a static cache's
+    layers give it, without reading it on the host), and the attention function reads just those,
+    causal from the bottom-right of the filled part. The empty slots hold garbage that must not leak."""
+    n_q = 6 if q_offset == 0 else 2
+    offset = torch.tensor(4, device=DEVICE) if q_offset == "tensor" else q_offset
+    filled = (4 if q_offset == "tensor" else q_offset) + n_q
+    lengths = tutorial_flash_mask(batch_size=1, q_length=n_q, kv_length=10, q_offset=offset,
+                                  attention_mask=torch.ones(1, filled, dtype=torch.bool), device=DEVICE)
+    assert lengths.dtype == torch.int32 and lengths.tolist() == [filled]
+    q, k, v = _qkv(n_q, 10, 3)
+    k[:, :, filled:], v[:, :, filled:] = 1e4, float("nan")  # the empty slots
+    out, weights = tutorial_flash_attention(_Layer(), q, k, v, lengths)
+    assert weights is None and out.shape == (q.shape[0], n_q, q.shape[1], q.shape[3]) and out.is_contiguous()
+    group = q.shape[1] // k.shape[1]
+    want = reference_attention(q, k[:, :, :filled].repeat_interleave(group, 1),
+                               v[:, :, :filled].repeat_interleave(group, 1), True)
+    assert_close(out.transpose(1, 2), want, torch.float32, seed=0)
+
+
+def test_a_decoding_step_runs_chapter_8s_kernel(monkeypatch):
+    """n_q × H / H_kv ≤ DECODE_ROWS at inference: flash_attention_with_kvcache over all n_k keys."""
+    from tutorial_kernels.integrations import hf_attention
+
+    calls = []
+    decode = hf_attention.flash_attention_with_kvcache
+    monkeypatch.setattr(hf_attention, "flash_attention_with_kvcache", lambda *a, **kw: calls.append(kw) or decode(*a, **kw))
+    q, k, v = _qkv(2, 13, 3)
+    out, _ = tutorial_flash_attention(_Layer(), q, k, v, None)
+    assert len(calls) == 1 and calls[0]["cache_seqlens"] == 13 and out.is_contiguous()
+    group = q.shape[1] // k.shape[1]
+    want = reference_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), True)
+    assert_close(out.transpose(1, 2), want, torch.float32, seed=0)
 
 
 def test_register_is_idempotent_and_refuses_names_transformers_reads_otherwise():
@@ -425,3 +474,23 @@ def test_the_call_cost_tool_needs_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(SystemExit, match="needs a CUDA GPU"):
         call_cost.main([])
+
+
+def test_the_generate_study_finds_the_first_differing_token_and_the_references_margin():
+    from tutorial_kernels.integrations.generate import compare
+
+    tokens = torch.tensor([[5, 6, 7], [1, 2, 3]])
+    logits = torch.zeros(2, 3, 10)
+    logits[1, 1, 4], logits[1, 1, 2] = 3.0, 2.5  # the reference's step 1 of sequence 1: margin 0.5
+    ours = {"tokens": torch.tensor([[5, 6, 7], [1, 4, 9]]), "logits": logits}
+    got = compare(ours, {"tokens": tokens, "logits": logits})
+    assert got == {"identical": False, "first_difference": [None, 1], "reference_margin": [None, 0.5]}
+    assert compare({"tokens": tokens}, {"tokens": tokens, "logits": logits})["identical"]
+
+
+def test_the_generate_study_needs_a_gpu(monkeypatch):
+    from tutorial_kernels.integrations import generate
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit):
+        generate.main([])
