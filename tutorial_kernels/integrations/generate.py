@@ -13,12 +13,18 @@ for each batch size and for transformers' two caches: `dynamic` (the default: ke
 concatenated each step) and `static` (`cache_implementation="static"`: buffers of prompt + new tokens
 allocated once, filled in place).
 
-Per (batch, cache, implementation): one untimed generate of 8 tokens (compiling, autotuning), one of
-1 token (the prefill, timed), one of `--new` tokens (timed); decode tokens/s = batch · (new − 1) over
-the difference of the two times (wall clock, the GPU synchronised before and after). Then the same
-generate again with the logits kept, untimed: the greedy tokens are compared with sdpa's, and where a
-sequence's tokens first differ, sdpa's margin between its two best logits at that step is recorded
-(a near-tie that two correct bfloat16 implementations may break differently, or not).
+Per (batch, cache, implementation): one generate of `--new` tokens untimed, which compiles what it
+compiles (transformers compiles the decoding forward itself for a static cache, on a GPU; the shapes
+of the timed run are the same, so nothing compiles again) and autotunes, and whose tokens and logits
+are kept for the checks; then the same generate timed by a streamer that stamps the clock as each
+token reaches the host: prefill = the first token's time, decode tokens/s = batch · (new − 1) over the
+time from the first token to the last.
+
+Checks, per (batch, cache): the greedy tokens against sdpa's, and where a sequence's tokens first
+differ, sdpa's margin between its two best logits at that step (a near-tie, or an exact one, that two
+correct bfloat16 implementations may break differently); and each implementation's logits at every
+step against sdpa's without a cache on that implementation's own tokens (teacher forcing): the largest
+relative L2 error of a step's logits (`teacher_forced_error`), ours to be within twice sdpa's own.
 """
 
 from __future__ import annotations
@@ -41,33 +47,64 @@ CACHES = ("dynamic", "static")
 WARMUP_TOKENS = 8
 
 
-def _generate(model, ids: torch.Tensor, new: int, cache: str, logits: bool = False):
-    """(generate's output, seconds): `new` greedy tokens after `ids`."""
+class _Clock:
+    """A generate() streamer that stamps the clock each time tokens reach the host (the prompt first,
+    then each new token: generate copies them to the host as it makes them)."""
+
+    def __init__(self) -> None:
+        self.stamps: list[float] = []
+
+    def put(self, value) -> None:
+        self.stamps.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _generate(model, ids: torch.Tensor, new: int, cache: str, *, logits: bool = False, streamer=None):
+    """generate()'s output for `new` greedy tokens after `ids`."""
     kwargs = dict(attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                  pad_token_id=0, return_dict_in_generate=True, output_logits=logits)
+                  pad_token_id=0, return_dict_in_generate=True, output_logits=logits, streamer=streamer)
     if cache == "static":
         kwargs["cache_implementation"] = "static"
-    torch.cuda.synchronize()
-    start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(ids, **kwargs)
-    torch.cuda.synchronize()
-    return out, time.perf_counter() - start
+        return model.generate(ids, **kwargs)
+
+
+def teacher_forced_error(model, sequences: torch.Tensor, step_logits: torch.Tensor, prompt: int) -> float:
+    """The largest relative L2 error, over sequences and steps, of `step_logits` (B, new, vocab), the
+    logits that chose each new token, against sdpa's logits without a cache on the same tokens."""
+    new = step_logits.shape[1]
+    model.set_attn_implementation("sdpa")
+    with torch.inference_mode():
+        forced = model(sequences[:, :prompt + new - 1], use_cache=False, logits_to_keep=new).logits.float()
+    err = (step_logits.to(forced.device) - forced).norm(dim=-1) / forced.norm(dim=-1)
+    return float(err.max())
 
 
 def measure(model, impl: str, batch: int, prompt: int, new: int, cache: str) -> tuple[dict, dict]:
-    """One row of timings, and the tokens and logits for the comparison."""
+    """One row of timings and checks, and the tokens and logits kept for the comparison with sdpa."""
     model.set_attn_implementation(impl)
-    gen = torch.Generator(device="cuda").manual_seed(batch * 1000 + prompt)
-    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen, device="cuda")
-    _generate(model, ids, WARMUP_TOKENS, cache)
-    _, prefill_s = _generate(model, ids, 1, cache)
-    _, total_s = _generate(model, ids, new, cache)
-    checked, _ = _generate(model, ids, new, cache, logits=True)
+    gen = torch.Generator(device=model.device).manual_seed(batch * 1000 + prompt)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt), generator=gen, device=model.device)
+    checked = _generate(model, ids, new, cache, logits=True)  # untimed: compiles and autotunes; checked
+    _synchronize(model.device)
+    clock = _Clock()
+    start = time.perf_counter()
+    _generate(model, ids, new, cache, streamer=clock)
+    _synchronize(model.device)
+    stamps = clock.stamps  # the prompt's, then one per new token
+    logits = torch.stack(checked.logits, 1).float()
     row = {"implementation": impl, "batch": batch, "prompt": prompt, "new_tokens": new, "cache": cache,
-           "prefill_s": prefill_s, "total_s": total_s,
-           "decode_tokens_per_s": batch * (new - 1) / (total_s - prefill_s)}
-    return row, {"tokens": checked.sequences[:, prompt:].cpu(), "logits": torch.stack(checked.logits, 1).float().cpu()}
+           "prefill_s": stamps[1] - start, "decode_s": stamps[-1] - stamps[1],
+           "decode_tokens_per_s": batch * (new - 1) / (stamps[-1] - stamps[1]),
+           "teacher_forced_error": teacher_forced_error(model, checked.sequences, logits, prompt)}
+    return row, {"tokens": checked.sequences[:, prompt:].cpu(), "logits": logits.cpu()}
 
 
 def compare(ours: dict, reference: dict) -> dict:
@@ -102,6 +139,7 @@ def run(batches: list[int], prompt: int, new: int, out_path: Path, argv: list[st
         "rows": [], "comparisons": [],
     }
     model = build_model(spec)
+    sdpa_tokens: dict = {}
     for batch in batches:
         for cache in CACHES:
             kept = {}
@@ -118,9 +156,16 @@ def run(batches: list[int], prompt: int, new: int, out_path: Path, argv: list[st
                 gc.collect()
                 torch.cuda.empty_cache()
             if len(kept) == 2:
+                rows = {r["implementation"]: r for r in result["rows"][-2:]}
                 c = compare(kept["tutorial_fa2"], kept["sdpa"]) | {"batch": batch, "cache": cache}
+                c["logits_within_twice_sdpas_own"] = (rows["tutorial_fa2"]["teacher_forced_error"]
+                                                      <= 2 * rows["sdpa"]["teacher_forced_error"])
                 result["comparisons"].append(c)
                 print(json.dumps(c), flush=True)
+                sdpa_tokens.setdefault(batch, {})[cache] = kept["sdpa"]
+            if len(sdpa_tokens.get(batch, {})) == 2:  # sdpa against itself: its dynamic and static caches
+                c = compare(sdpa_tokens[batch]["static"], sdpa_tokens[batch]["dynamic"])
+                result["comparisons"].append(c | {"batch": batch, "cache": "sdpa static vs sdpa dynamic"})
             out_path.write_text(json.dumps(result, indent=1))
     return result
 
