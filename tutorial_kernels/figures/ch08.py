@@ -7,6 +7,12 @@ sizes and its rounding of the splits to whole key tiles, the block table's addre
   grouped-query packing, and with packing and split-KV: which SMs work, how many rows of a
   program's query tile are real, and how many of the keys each program walks;
 - `concept-paged-cache`: a block table and the pool of blocks it points into, one key's address traced.
+
+And measurements, from data/ch08_decode.json (the `decode` suite):
+
+- `ch08-decode-bandwidth`: KV bandwidth against cached keys, one panel per batch size, under the copy ceiling;
+- `ch08-decode-table`: every cell of the suite summed up per (H_kv, d, lengths): ours against torch's
+  kernels, paged against contiguous, the share of the copy ceiling, and the host's time per call.
 """
 
 from __future__ import annotations
@@ -20,7 +26,9 @@ from tutorial_kernels.ch08_decode import choose_num_splits
 from tutorial_kernels.figures.concepts import (
     EDGE, INK, NOTE, SIDE_MARGIN, Diagram, discrete_scale, fixed_axes, hover, legend_entry, narrow_diagram)
 from tutorial_kernels.figures.registry import figure
-from tutorial_kernels.figures.style import WAVE_COLOURS, add_notes, concept_layout, shade
+from tutorial_kernels.figures.rows import load_data, ok_rows, provider_keys, provider_label
+from tutorial_kernels.figures.style import (WAVE_COLOURS, add_notes, concept_layout, measured_layout, measured_table,
+                                            ordered_providers, provider_colour, provider_line, reference_line, shade)
 
 SMS = 132  # an H100 SXM
 DECODE_BLOCK_N = 64  # the launcher's key tile on a GPU (`run_kvcache`)
@@ -248,3 +256,98 @@ def paged_cache(lengths: tuple[int, ...] = PAGED_LENGTHS, table: tuple[tuple[int
         f"coloured by the sequence that owns them, {pool - len(owner)} free, in no particular order. An arrow "
         f"traces key {key} of sequence {sequence}: entry {key // block_size} of its row names block {block}, where "
         f"the key is row {row}."), height=460, margin=SIDE_MARGIN)
+
+
+DECODE_BATCHES = (1, 8, 64)
+
+
+def _kib(n: int) -> str:
+    return f"{n // 1024}k" if n >= 1024 else str(n)
+
+
+@figure("ch08-decode-bandwidth")
+def decode_bandwidth(data: dict | None = None, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                     dtype: str = "bfloat16") -> go.Figure:
+    """GB/s of KV cache read per decode step against the cached keys per sequence, one panel per batch
+    size (equal lengths), every provider of the `decode` suite, under the run's copy bandwidth."""
+    data = data or load_data("ch08_decode")
+    cell = dict(heads=heads, kv_heads=kv_heads, head_dim=head_dim, dtype=dtype, varying_lengths=False)
+    fig = make_subplots(rows=1, cols=len(DECODE_BATCHES), shared_yaxes=True,
+                        subplot_titles=[f"B = {b}" for b in DECODE_BATCHES], horizontal_spacing=0.03)
+    for col, batch in enumerate(DECODE_BATCHES, start=1):
+        for key in ordered_providers(provider_keys(data)):
+            rows = sorted(ok_rows(data, provider_key=key, batch=batch, **cell), key=lambda r: r["n"])
+            if not rows:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[r["n"] for r in rows], y=[r["gb_per_s"] for r in rows], mode="lines+markers",
+                name=provider_label(data, key), legendgroup=key, showlegend=col == 1, line=provider_line(key),
+                marker=dict(color=provider_colour(key)),
+                hovertemplate="%{fullData.name}<br>B = " + str(batch) + ", n = %{x:,}: %{y:,.0f} GB/s<extra></extra>",
+            ), row=1, col=col)
+    copy_gb = data["ceilings"]["copy_tb_per_s"] * 1000
+    for col in range(1, len(DECODE_BATCHES) + 1):
+        reference_line(fig, copy_gb, f"device copy, same run: {copy_gb:,.0f} GB/s" if col == 1 else None,
+                       position="top left", row=1, col=col)
+    lengths = sorted({r["n"] for r in data["results"]})
+    fig.update_xaxes(title="keys per sequence", type="log", tickvals=lengths, ticktext=[_kib(n) for n in lengths])
+    fig.update_yaxes(title="GB/s of K and V read / GPU time", col=1, rangemode="tozero")
+    add_notes(fig, f"One decode step: H = {heads} query heads, H_kv = {kv_heads}, d = {head_dim}, {dtype}, every "
+                   "sequence the same length. GPU time alone (a CUDA graph's replay); the host's cost per call is "
+                   "in the table below. Missing points: a cache larger than the suite's memory budget, or SDPA's "
+                   "refusal.")
+    return measured_layout(fig, data, "Decoding from a KV cache: bandwidth vs cached keys", height=560)
+
+
+def _spread(values: list[float], fmt: str = "{:.2f}") -> str:
+    """'min – median' of `values` ('—' for none)."""
+    if not values:
+        return "—"
+    ordered = sorted(values)
+    return f"{fmt.format(ordered[0])} – {fmt.format(ordered[len(ordered) // 2])}"
+
+
+@figure("ch08-decode-table")
+def decode_table(data: dict | None = None):
+    """The whole `decode` suite in one table: per (H_kv, d, equal or varying lengths), over the batch
+    sizes, lengths and both dtypes, the least and the median of each ratio."""
+    data = data or load_data("ch08_decode")
+    copy_gb = data["ceilings"]["copy_tb_per_s"] * 1000
+    cells: dict[tuple, dict] = {}
+    for r in data["results"]:
+        if r["status"] == "ok":
+            key = (r["kv_heads"], r["head_dim"], r["varying_lengths"], r["dtype"], r["batch"], r["n"])
+            cells.setdefault(key, {})[r["provider_key"]] = r
+    groups: dict[tuple, list[dict]] = {}
+    for key, cell in cells.items():
+        if "kvcache" in cell:
+            groups.setdefault(key[:3], []).append(cell)
+    header = ["H_kv, d, lengths", "cells", "÷ torch flash", "÷ cuDNN", "paged 16 ÷ contiguous",
+              "paged 256 ÷ contiguous", "÷ copy, n ≥ 8k", "host µs per call: ours, SDPA flash"]
+    columns: list[list] = [[] for _ in header]
+    for (kv_heads, head_dim, varying), group in sorted(groups.items()):
+        ours = [c["kvcache"] for c in group]
+
+        def ratio(other: str, group=group) -> list[float]:
+            return [c["kvcache"]["gb_per_s"] / c[other]["gb_per_s"] for c in group if other in c]
+
+        def paged(key: str, group=group) -> list[float]:
+            return [c[key]["gb_per_s"] / c["kvcache"]["gb_per_s"] for c in group if key in c]
+
+        long = [r["gb_per_s"] / copy_gb for r in ours if r["n"] >= 8192]
+        host_sdpa = [c["sdpa-flash-gqa"]["host_us"] for c in group if "sdpa-flash-gqa" in c]
+        row = [f"{kv_heads}, {head_dim}, {'varying' if varying else 'equal'}", len(group), _spread(ratio("sdpa-flash-gqa")),
+               _spread(ratio("sdpa-cudnn-gqa")), _spread(paged("kvcache-paged16")), _spread(paged("kvcache-paged256")),
+               _spread(long, "{:.0%}"),
+               f"{_spread([r['host_us'] for r in ours], '{:.0f}')}; {_spread(host_sdpa, '{:.0f}')}"]
+        for column, value in zip(columns, row):
+            column.append(value)
+    return measured_table(header, columns, data, "Decoding: every cell of the suite, least – median",
+                          notes=["Each entry: the least and the median over the group's cells (B ∈ {1, 8, 64}, "
+                                 "n ∈ {1k, 4k, 32k, 128k} where the caches fit, bfloat16 and float16). Ratios of "
+                                 "KV bandwidth from GPU time (a CUDA graph's replay); above 1: ours faster. SDPA "
+                                 "takes one length per call, so in the varying-length groups only B = 1 has torch "
+                                 "ratios. The copy ceiling counts bytes read and written; a kernel that only reads "
+                                 "can pass it. "
+                                 "Host µs: the host's time per eager call (ours after its first call, whose "
+                                 "launches later calls repeat)."])

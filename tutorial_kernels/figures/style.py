@@ -63,6 +63,13 @@ PROVIDER_COLOURS = {
     "triton-sum": "#ff7f0e",
     "triton-sum-atomic": "#9467bd",
     "cuda-sum": "#17becf",
+    # decoding (chapter 8): ours warm, torch's cool, as above
+    "kvcache": "#d62728",
+    "kvcache-paged256": "#ff7f0e",
+    "kvcache-paged16": "#e377c2",
+    "front-door-decode": "#8c564b",
+    "sdpa-cudnn-gqa": "#2ca02c",
+    "sdpa-flash-gqa": "#1f77b4",
 }
 UNKNOWN_COLOUR = "#555555"  # a provider no figure has seen yet: visible, but clearly not one of ours
 WAVE_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"]
@@ -74,10 +81,11 @@ CEILING_LINE = dict(color="black", dash="dot", width=1.5)  # a measured ceiling 
 PROVIDER_ORDER = [
     "front-door", "flash-v2-tuned", "flash-attention", "flash-v2-tuned-pointers", "flash-v2-hopper", "flash-v2-triton",
     "flash-v1-triton", "online-triton", "naive-triton",
-    "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-default", "sdpa-math", "eager",
+    "kvcache", "kvcache-paged256", "kvcache-paged16", "front-door-decode",
+    "sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-default", "sdpa-math", "eager", "sdpa-cudnn-gqa", "sdpa-flash-gqa",
 ]
 TORCH_PROVIDERS = {"sdpa-cudnn", "sdpa-flash", "sdpa-efficient", "sdpa-default", "sdpa-math", "eager",
-                   "torch-matmul", "torch-softmax", "torch-sum"}
+                   "torch-matmul", "torch-softmax", "torch-sum", "sdpa-cudnn-gqa", "sdpa-flash-gqa"}
 
 
 def shade(colour: str, amount: float) -> str:
