@@ -180,3 +180,96 @@ def test_every_lab_is_on_the_site_under_its_chapter(lab):
     assert pages.index(notebook) == pages.index(chapter_notebook) + 1, f"{notebook} should follow {chapter_notebook}"
     page = next((root / "docs" / "chapters").glob(f"{number}-*.md"))
     assert f"../{notebook}" in page.read_text(encoding="utf-8"), f"{page.name} does not link its lab"
+
+
+# --- lab 8: each planted mistake is the solution's own source with one slip edited in -------------------
+
+def _slip(directory, solution, *edits):
+    """`solution` (a @triton.jit helper) with each (old, new) of `edits` replaced in its source (each `old`
+    exactly once), jitted from a file in `directory`: Triton reads a function's source from its file."""
+    import importlib.util
+    import sys
+
+    source = inspect.getsource(solution.fn)
+    for old, new in edits:
+        assert source.count(old) == 1, f"{old!r} is not once in {solution.fn.__name__}"
+        source = source.replace(old, new)
+    name = f"planted_{directory.name}"
+    path = directory / f"{name}.py"
+    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source, encoding="utf-8")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, solution.fn.__name__)
+
+
+_ONE_ENTRY_NEVER = ("if PAGE % BLOCK_N == 0:", "if PAGE < 0:")  # a learner's version: each key's own table entry
+PLANTED_CH08 = [
+    ("ch08.split_pass", "no_clip", [("end = tl.minimum(start + keys_per_split, n_k)", "end = start + keys_per_split")]),
+    ("ch08.split_pass", "ragged", [("visible = key_ok[None, :] & row_ok[:, None]",
+                                    "visible = row_ok[:, None] & (offs_n[None, :] >= 0)")]),
+    ("ch08.split_pass", "whole_tiles", [("tl.cdiv(tl.cdiv(n_k, n_splits), BLOCK_N) * BLOCK_N",
+                                         "tl.cdiv(n_k, n_splits)")]),
+    ("ch08.split_pass", "no_rescale_acc", [("acc = acc * alpha[:, None] + tl.dot(", "acc = acc + tl.dot(")]),
+    ("ch08.split_pass", "no_rescale_l", [("l_i = l_i * alpha + tl.sum(p, 1)", "l_i = l_i + tl.sum(p, 1)")]),
+    ("ch08.split_pass", "exp", [("tl.math.exp2(s - shift[:, None])", "tl.exp(s - shift[:, None])"),
+                                ("tl.math.exp2(m_i - shift)", "tl.exp(m_i - shift)")]),
+    ("ch08.split_pass", "not_normalised", [("o = acc / tl.where(seen, l_i, 1.0)[:, None]", "o = acc")]),
+    ("ch08.split_pass", "lse_ln", [("m_i + tl.math.log2(", "m_i + tl.log(")]),
+    ("ch08.split_pass", "lse_no_max", [("seen, m_i + tl.math.log2(", "seen, tl.math.log2(")]),
+    ("ch08.split_pass", "lse_zero", [('l_i, 1.0)), float("-inf"))', "l_i, 1.0)), 0.0)")]),
+    ("ch08.split_pass", "nan", [("o = acc / tl.where(seen, l_i, 1.0)[:, None]", "o = acc / l_i[:, None]")]),
+    ("ch08.combine", "exp", [("w = tl.math.exp2(lse_s - shift)", "w = tl.exp(lse_s - shift)")]),
+    ("ch08.combine", "log", [("shift + tl.math.log2(", "shift + tl.log(")]),
+    ("ch08.combine", "no_top", [("shift + tl.math.log2(", "tl.math.log2(")]),
+    ("ch08.combine", "not_normalised", [("(w / tl.where(total > 0, total, 1.0))[:, None]", "w[:, None]")]),
+    ("ch08.combine", "unweighted", [("o = tl.sum(o_s * (w / tl.where(total > 0, total, 1.0))[:, None], 0)",
+                                     "o = tl.sum(o_s, 0)")]),
+    ("ch08.combine", "no_guard", [('shift = tl.where(top == float("-inf"), 0.0, top)', "shift = top")]),
+    ("ch08.combine", "no_max", [("w = tl.math.exp2(lse_s - shift)", "w = tl.math.exp2(lse_s)"),
+                                ("shift + tl.math.log2(", "tl.math.log2(")]),
+    ("ch08.paged_rows", "swap", [_ONE_ENTRY_NEVER, ("(offs_n // PAGE) * stride_tn", "(offs_n % PAGE) * stride_tn"),
+                                 ("(rows_n % PAGE) * stride_kn", "(rows_n // PAGE) * stride_kn"),
+                                 ("(rows_n % PAGE) * stride_vn", "(rows_n // PAGE) * stride_vn")]),
+    ("ch08.paged_rows", "no_table", [_ONE_ENTRY_NEVER, ("tl.load(table_ptr + batch * stride_tb + (offs_n // PAGE) * "
+                                                        "stride_tn, mask=key_ok, other=0)", "offs_n // PAGE")]),
+    ("ch08.paged_rows", "batch_row", [_ONE_ENTRY_NEVER, ("table_ptr + batch * stride_tb + (offs_n",
+                                                         "table_ptr + (offs_n")]),
+    ("ch08.paged_rows", "no_row", [("block * stride_kb + (rows_n % PAGE) * stride_kn", "block * stride_kb"),
+                                   ("block * stride_vb + (rows_n % PAGE) * stride_vn", "block * stride_vb")]),
+    ("ch08.paged_rows", "v_strides", [("block * stride_vb + (rows_n % PAGE) * stride_vn",
+                                       "block * stride_kb + (rows_n % PAGE) * stride_kn")]),
+    ("ch08.paged_rows", "one_entry", [("if PAGE % BLOCK_N == 0:", "if PAGE > 0:")]),
+    ("ch08.paged_rows", "unmasked", [(", mask=key_ok, other=0)", ")")]),
+]
+
+
+@pytest.mark.parametrize("step, mistake, edits", PLANTED_CH08, ids=[f"{s}-{m}" for s, m, _ in PLANTED_CH08])
+def test_a_planted_lab8_mistake_is_caught_with_its_hint(step, mistake, edits, tmp_path):
+    from tutorial_kernels.labs.grader import find_step
+
+    assert_caught_with_its_hint(step, _slip(tmp_path, find_step(step).solution, *edits), mistake)
+
+
+def test_every_lab8_mistake_is_planted():
+    """Each typical mistake of lab 8 but the untouched skeleton has a planted slip above that triggers it."""
+    planted = {(step, mistake) for step, mistake, _ in PLANTED_CH08}
+    for step in LABS["ch08"].values():
+        for mistake in step.mistakes:
+            assert mistake.name == "unchanged" or (step.name, mistake.name) in planted, (step.name, mistake.name)
+
+
+def test_the_lab8_solutions_are_the_chapters_lines():
+    """The split pass and the paged rows are `_decode_partial_kernel`'s lines, the merge `_decode_combine_kernel`'s
+    (comments aside); the lab's call of KV_TILE stands where the chapter computes the rows and loads K and V."""
+    from tutorial_kernels import ch08_decode
+    from tutorial_kernels.labs import ch08
+
+    for solution, kernel in ((ch08.split_pass, ch08_decode._decode_partial_kernel),
+                             (ch08.combine_splits, ch08_decode._decode_combine_kernel),
+                             (ch08.paged_rows, ch08_decode._decode_partial_kernel)):
+        chapter = {line.split("#")[0].strip() for line in inspect.getsource(kernel.fn).splitlines()}
+        for line in inspect.getsource(solution.fn).split('"""')[2].splitlines():
+            code = line.split("#")[0].strip()
+            if code and not code.startswith(("return", "k, v = KV_TILE(")):
+                assert code in chapter, f"{solution.__name__}: {code!r} is not in {kernel.__name__}"
