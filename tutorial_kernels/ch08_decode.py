@@ -372,7 +372,7 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     if plan is not None:
         if len(_SPLITS) >= MAX_PLANS:  # a server's shapes are few; a sweep's are not: start again
             _SPLITS.clear(), _PARTIAL.clear(), _COMBINE.clear()
-        _SPLITS[plan] = num_splits
+        _SPLITS[plan] = (num_splits, causal, scale)
     if num_splits == 1:  # _decode_partial_kernel[grid](…), remembered under `plan` (perf/launch_plan.py)
         _PARTIAL.launch(
             plan, grid, q, k_cache, v_cache, out, lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
@@ -396,7 +396,7 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
 # microseconds of GPU work, and Triton's Python per launch costs more than that.
 _PARTIAL = LaunchPlans(_decode_partial_kernel)
 _COMBINE = LaunchPlans(_decode_combine_kernel)
-_SPLITS: dict = {}  # plan → the number of splits its launches use
+_SPLITS: dict = {}  # plan → (the number of splits its launches use, causal, the scale)
 MAX_PLANS = 1024
 
 
@@ -404,7 +404,7 @@ def kvcache_call_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, caus
                      num_splits) -> Hashable | None:
     """A key equal for two calls of `flash_attention_with_kvcache` that every check treats alike and
     that launch the same kernels with the same scalars: the tensors' shapes, strides, dtypes, devices
-    and alignment, and the flags. None where the full path must run: on the CPU (its checks read the
+    and alignment, the flags, and float32's matmul precision. None where the full path must run: on the CPU (its checks read the
     lengths), for an int cache_seqlens, an input that requires grad, or arguments of a kind the checks
     would refuse."""
     if not (type(causal) is bool and (sm_scale is None or type(sm_scale) is float)
@@ -416,7 +416,8 @@ def kvcache_call_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, caus
     if torch.is_grad_enabled() and (q.requires_grad or (k is not None and (k.requires_grad or v.requires_grad))):
         return None
     try:
-        return (causal, sm_scale, num_splits, tensor_signature(q), tensor_signature(k_cache),
+        # float32's tl.dot precision follows torch.get_float32_matmul_precision(): a setting, not a tensor
+        return (causal, sm_scale, num_splits, dot_precision(q.dtype), tensor_signature(q), tensor_signature(k_cache),
                 tensor_signature(v_cache), tensor_signature(cache_seqlens),
                 None if block_table is None else tensor_signature(block_table),
                 None if k is None else (tensor_signature(k), tensor_signature(v)))
@@ -429,8 +430,11 @@ def relaunch_kvcache(plan: Hashable, q, k_cache, v_cache, k, v, cache_seqlens,
     """(O, lse) of a call whose key is `plan`, by the launches `run_kvcache` remembered under it,
     without checks or Triton's dispatch; None, having done nothing, when none are remembered for
     the current device. Nothing is checked: `plan` must be the key these very arguments give."""
-    num_splits = _SPLITS.get(plan)
-    if num_splits is None or not _PARTIAL.ready(plan) or (num_splits > 1 and not _COMBINE.ready(plan)):
+    remembered = _SPLITS.get(plan)
+    if remembered is None:
+        return None
+    num_splits, causal, scale = remembered
+    if not _PARTIAL.ready(plan) or (num_splits > 1 and not _COMBINE.ready(plan)):
         return None
     n_new = 0 if k is None else k.shape[2]
     if n_new:
@@ -441,13 +445,16 @@ def relaunch_kvcache(plan: Hashable, q, k_cache, v_cache, k, v, cache_seqlens,
     lse = _empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     table = block_table if block_table is not None else n_keys
     if num_splits == 1:
-        _PARTIAL.relaunch(plan, q, k_cache, v_cache, out, lse, n_keys, table)
-        return out, lse
-    part = _empty((batch, heads, n_q, num_splits, head_dim), dtype=torch.float32, device=q.device)
-    part_lse = _empty((batch, heads, n_q, num_splits), dtype=torch.float32, device=q.device)
-    _PARTIAL.relaunch(plan, q, k_cache, v_cache, part, part_lse, n_keys, table)
-    _COMBINE.relaunch(plan, part, part_lse, out, lse)
-    return out, lse
+        if _PARTIAL.relaunch(plan, q, k_cache, v_cache, out, lse, n_keys, table):
+            return out, lse
+    else:
+        part = _empty((batch, heads, n_q, num_splits, head_dim), dtype=torch.float32, device=q.device)
+        part_lse = _empty((batch, heads, n_q, num_splits), dtype=torch.float32, device=q.device)
+        if _PARTIAL.relaunch(plan, q, k_cache, v_cache, part, part_lse, n_keys, table) and \
+                _COMBINE.relaunch(plan, part, part_lse, out, lse):
+            return out, lse
+    # the plans were cleared since `ready` (another thread filled them): launch anew, the append done
+    return run_kvcache(q, k_cache, v_cache, None, None, n_keys, block_table, causal, scale, num_splits)
 
 
 __all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits", "decode_tiles",

@@ -169,9 +169,9 @@ SUITES: dict[str, Suite] = {
                "· 2 tensors · itemsize, over the time; the copy ceiling counts bytes read + written.",
                "ms is the GPU's time alone: each provider's call captured in a CUDA graph (torch.cuda.graph) after "
                "its check, the graph's replay timed (a decode step's GPU work is shorter than a launch from Python, "
-               "as a serving engine replays graphs). eager_ms: the call itself under do_bench (warmup 10 ms, rep "
-               "50 ms, median), where the host's launch cost shows when it exceeds the GPU's time; host_us: the "
-               "host's time per eager call, the mean over 50 calls enqueued back to back.",
+               "as a serving engine replays graphs). Over 50 eager calls back to back (no L2 flush between them): "
+               "host_us, the host's time per call until the last is enqueued; eager_ms, the time per call until "
+               "the GPU has finished them all (the slower of host and GPU).",
                "varying_lengths: seqlens[b] uniform in [n/2, n], torch.randint(n // 2, n + 1, (batch,)) from "
                "torch.Generator().manual_seed(lengths_seed), listed in each measured row; SDPA and the front door "
                "take one length per call and are recorded 'unsupported' there.",

@@ -48,15 +48,20 @@ HOST_CALLS = 50  # eager calls whose host time is averaged (few enough that the 
 
 def _graphed(call: Callable) -> tuple[Callable, dict]:
     """For a shape timed on the GPU alone (`shape.cuda_graph`): the call captured in a CUDA graph, whose
-    replay is what the rounds time, and the eager call's own numbers, `eager_ms` (do_bench, the host's
-    launch cost included where it exceeds the GPU's time) and `host_us` (the host's time per call)."""
-    eager_ms = triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median")
+    replay is what the rounds time, and the eager call's own numbers over HOST_CALLS calls back to back:
+    `host_us`, the host's time per call (until the last is enqueued), and `eager_ms`, the time per call
+    until the GPU has finished them all, the slower of host and GPU. No L2 flush between these calls
+    (do_bench's flush is GPU work that would hide the host's time)."""
+    call()
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(HOST_CALLS):
         call()
-    host_us = (time.perf_counter() - start) / HOST_CALLS * 1e6
+    enqueued = time.perf_counter()
     torch.cuda.synchronize()
+    done = time.perf_counter()
+    host_us = (enqueued - start) / HOST_CALLS * 1e6
+    eager_ms = (done - start) / HOST_CALLS * 1e3
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         call()

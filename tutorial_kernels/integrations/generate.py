@@ -17,14 +17,16 @@ Per (batch, cache, implementation): one generate of `--new` tokens untimed, whic
 compiles (transformers compiles the decoding forward itself for a static cache, on a GPU; the shapes
 of the timed run are the same, so nothing compiles again) and autotunes, and whose tokens and logits
 are kept for the checks; then the same generate timed by a streamer that stamps the clock as each
-token reaches the host: prefill = the first token's time, decode tokens/s = batch · (new − 1) over the
-time from the first token to the last.
+token reaches the host: prefill = the first token's time (generate()'s own setup included; with a static
+cache ours runs the prompt through chapter 8's kernel too, since the buffers are longer than the prompt),
+decode tokens/s = batch · (new − 1) over the time from the first token to the last.
 
 Checks, per (batch, cache): the greedy tokens against sdpa's, and where a sequence's tokens first
 differ, sdpa's margin between its two best logits at that step (a near-tie, or an exact one, that two
 correct bfloat16 implementations may break differently); and each implementation's logits at every
 step against sdpa's without a cache on that implementation's own tokens (teacher forcing): the largest
-relative L2 error of a step's logits (`teacher_forced_error`), ours to be within twice sdpa's own.
+relative L2 error of a step's logits (`teacher_forced_error`), ours within twice sdpa's own or
+TEACHER_FORCED_TOLERANCE, whichever is larger (one sample of sdpa's error may be near zero).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from tutorial_kernels.provenance import provenance
 
 IMPLEMENTATIONS = ("sdpa", "tutorial_fa2")
 CACHES = ("dynamic", "static")
-WARMUP_TOKENS = 8
+TEACHER_FORCED_TOLERANCE = 5e-2  # as the prefill study's check: bf16 logits through 32 layers
 
 
 class _Clock:
@@ -158,8 +160,9 @@ def run(batches: list[int], prompt: int, new: int, out_path: Path, argv: list[st
             if len(kept) == 2:
                 rows = {r["implementation"]: r for r in result["rows"][-2:]}
                 c = compare(kept["tutorial_fa2"], kept["sdpa"]) | {"batch": batch, "cache": cache}
-                c["logits_within_twice_sdpas_own"] = (rows["tutorial_fa2"]["teacher_forced_error"]
-                                                      <= 2 * rows["sdpa"]["teacher_forced_error"])
+                bound = max(TEACHER_FORCED_TOLERANCE, 2 * rows["sdpa"]["teacher_forced_error"])
+                c["teacher_forced_bound"] = bound
+                c["logits_within_bound"] = rows["tutorial_fa2"]["teacher_forced_error"] <= bound
                 result["comparisons"].append(c)
                 print(json.dumps(c), flush=True)
                 sdpa_tokens.setdefault(batch, {})[cache] = kept["sdpa"]

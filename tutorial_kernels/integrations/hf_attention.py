@@ -106,6 +106,11 @@ def tutorial_flash_attention(
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     if attention_mask is not None and attention_mask.dim() == 1:
         # a static cache: the mask function's (B,) lengths, each sequence's keys in the fixed-size buffers
+        if window is not None:  # the lengths count the full layers' slots, not this window's buffer
+            raise ValueError(
+                f"sliding_window: this layer attends to a window of {window} keys through a static cache, which "
+                f"this tutorial's kernels do not support; use the default (dynamic) cache, or "
+                f"attn_implementation='sdpa' (or 'eager')")
         if training:
             raise ValueError("a static cache is for generation: gradients through it are not supported; train "
                              "without a cache (use_cache=False)")
@@ -174,7 +179,8 @@ def _check_mask_is_redundant(mask: torch.Tensor, n_q: int, n_k: int, causal: boo
         raise ValueError(
             f"attention_mask: this tutorial's kernel computes {pattern} attention over all {n_k} keys and "
             f"cannot apply this mask, which differs from that in {differ} of {visible.numel()} (query, key) "
-            f"entries: padding or packed sequences are not supported; {_HELP}"
+            f"entries: padding, packed sequences or the empty slots of a sliding-window layer's static cache are not "
+            f"supported; {_HELP}"
         )
 
 
@@ -225,8 +231,13 @@ def tutorial_flash_mask(
         whole = attention_mask.shape[-1] >= kv_offset + kv_length  # shorter: a static cache's empty slots follow
     else:
         whole = True
-    if mask_function is causal_mask_function and isinstance(kv_offset, int) and kv_offset == 0 and (
-            isinstance(q_offset, torch.Tensor) or q_offset + q_length < kv_length):
+    static = isinstance(q_offset, torch.Tensor) or q_offset + q_length < kv_length
+    # allow_is_causal_skip=False is transformers' own for a compileable cache's one-token step; otherwise
+    # the model asks for a mask it will change (Falcon adds ALiBi to it), which lengths cannot carry
+    asked_for_a_mask = not allow_is_causal_skip and not (q_length == 1 and isinstance(q_offset, torch.Tensor))
+    biased = bool(getattr(kwargs.get("config"), "alibi", False))
+    if (mask_function is causal_mask_function and isinstance(kv_offset, int) and kv_offset == 0 and static
+            and not asked_for_a_mask and not biased):
         # a static cache (its layers give q_offset as a tensor, once filled): fixed-size buffers whose first
         # q_offset + q_length slots hold each sequence. Causal attention over just those is chapter 8's
         # kernel given their count, which is what the attention function receives instead of a mask

@@ -268,3 +268,22 @@ def test_the_operator_passes_opcheck():
     case = DecodeCase(2, 4, 2, 2, 16, (5, 9), 1, None, 2)
     q, k_cache, v_cache, k, v, lengths, _ = _draw(case, torch.float32, fresh_seed())
     torch.library.opcheck(_attention_kvcache, (q, k_cache, v_cache, k, v, lengths, None, True, 0.25, 2))
+
+
+@pytest.mark.gpu("remembered launches")
+def test_a_remembered_call_follows_the_float32_matmul_precision():
+    """tl.dot's float32 precision is a setting, not a tensor: it must be part of the call's key."""
+    from tutorial_kernels.ch08_decode import kvcache_call_key
+
+    q, k_cache, v_cache = (torch.randn(2, 4, 1, 32, device="cuda"), torch.randn(2, 2, 64, 32, device="cuda"),
+                           torch.randn(2, 2, 64, 32, device="cuda"))
+    lengths = torch.full((2,), 64, dtype=torch.int32, device="cuda")
+    before = torch.get_float32_matmul_precision()
+    keys = []
+    try:
+        for precision in ("highest", "high"):
+            torch.set_float32_matmul_precision(precision)
+            keys.append(kvcache_call_key(q, k_cache, v_cache, None, None, lengths, None, True, None, None))
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert keys[0] is not None and keys[0] != keys[1]

@@ -271,6 +271,26 @@ def test_a_static_cache_gets_its_lengths_and_attends_to_its_filled_slots_only(q_
     assert_close(out.transpose(1, 2), want, torch.float32, seed=0)
 
 
+def test_a_static_cache_gets_a_mask_where_the_model_asks_for_one_or_a_window_cuts():
+    """No lengths where they could not say everything: a model that asks for a mask to change (Falcon adds
+    ALiBi to it: allow_is_causal_skip=False), a config with ALiBi, and a sliding window at the attention call."""
+    from types import SimpleNamespace
+
+    ones = torch.ones(1, 6, dtype=torch.bool)
+    asked = tutorial_flash_mask(batch_size=1, q_length=6, kv_length=10, attention_mask=ones, allow_is_causal_skip=False)
+    assert asked is not None and asked.dim() == 4
+    alibi = tutorial_flash_mask(batch_size=1, q_length=6, kv_length=10, attention_mask=ones,
+                                config=SimpleNamespace(alibi=True))
+    assert alibi is not None and alibi.dim() == 4
+    # transformers' own allow_is_causal_skip=False: a compileable (static) cache's one-token step
+    step = tutorial_flash_mask(batch_size=1, q_length=1, kv_length=10, q_offset=torch.tensor(5),
+                               attention_mask=ones, allow_is_causal_skip=False, device=DEVICE)
+    assert step.dim() == 1 and step.tolist() == [6]
+    q, k, v = _qkv(1, 10, 4)
+    with pytest.raises(ValueError, match=r"sliding_window: .* static cache"):
+        tutorial_flash_attention(_Layer(), q, k, v, step, sliding_window=16)
+
+
 def test_a_decoding_step_runs_chapter_8s_kernel(monkeypatch):
     """n_q × H / H_kv ≤ DECODE_ROWS at inference: flash_attention_with_kvcache over all n_k keys."""
     from tutorial_kernels.integrations import hf_attention
