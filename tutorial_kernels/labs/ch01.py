@@ -25,7 +25,7 @@ import triton.language as tl
 
 from tutorial_kernels.ch01_gpu_hierarchy import (_atomic_sum_kernel, partial_sums_kernel, reduction_error,
                                                  reduction_passes)
-from tutorial_kernels.labs.steps import DTYPES, Failure, Mistake, SlackWritten, Step, check_slack, with_slack
+from tutorial_kernels.labs.steps import DTYPES, Failure, Mistake, SlackWritten, Step, check_slack, recognised, with_slack
 from tutorial_kernels.runtime import default_device
 
 NOTEBOOK = "01_gpu_hierarchy_lab.ipynb"  # in notebooks/labs/: starts from this module's skeletons
@@ -121,12 +121,6 @@ def _first_wrong(case: SumCase, x: torch.Tensor, got: torch.Tensor, per_tile: bo
     return None
 
 
-def _detects(mistake: Mistake, attempt: SumAttempt) -> bool:
-    try:
-        return bool(mistake.detect(attempt))
-    except Exception:  # a detector that cannot judge this output recognises nothing
-        return False
-
 
 def grade_sums(run: Callable[[SumCase, torch.Tensor], torch.Tensor], mistakes: tuple[Mistake, ...],
                generic_hint: str, per_tile: bool, seed: int = 101) -> tuple[int, int, Failure | None]:
@@ -140,7 +134,7 @@ def grade_sums(run: Callable[[SumCase, torch.Tensor], torch.Tensor], mistakes: t
         except Exception as exc:  # the learner's code did not compile or run: say what it said
             attempt = SumAttempt(case, x, None, exc)
             message = str(exc).strip().splitlines()
-            hints = [m.hint for m in mistakes if _detects(m, attempt)]
+            hints = recognised(mistakes, attempt)
             return i, len(cases), Failure(str(case), f"{type(exc).__name__}: " + (message[-1] if message else ""),
                                           hints or [generic_hint])
         if not isinstance(got, torch.Tensor):
@@ -150,7 +144,7 @@ def grade_sums(run: Callable[[SumCase, torch.Tensor], torch.Tensor], mistakes: t
         if detail is None:
             continue
         attempt = SumAttempt(case, x, got)
-        hints = [m.hint for m in mistakes if _detects(m, attempt)]
+        hints = recognised(mistakes, attempt)
         return i, len(cases), Failure(str(case), detail, hints or [generic_hint])
     return len(cases), len(cases), None
 

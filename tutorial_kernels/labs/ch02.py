@@ -27,7 +27,7 @@ import triton.language as tl
 from tutorial_kernels.ch02_naive_attention import _scores_kernel, _softmax_kernel, probs_times_values, row_softmax
 from tutorial_kernels.labs.steps import (
     Attempt, Failure, Mistake, SlackWritten, Step, attention64, attention_cases, check_slack, grade_attention, sm_scale,
-    visibility, with_slack)
+    recognised, visibility, with_slack)
 from tutorial_kernels.precision import dot_precision, tiles_for
 from tutorial_kernels.reference import relative_error
 from tutorial_kernels.runtime import default_device
@@ -165,22 +165,16 @@ def grade_softmax(kernel, cases: list[SoftmaxCase], mistakes: tuple[Mistake, ...
         except Exception as exc:  # the learner's code did not compile or run: say what Triton said
             message = str(exc).strip().splitlines()
             attempt = SoftmaxAttempt(case, s, None, expected, exc)
-            hints = [m.hint for m in mistakes if _detects(m, attempt)]
+            hints = recognised(mistakes, attempt)
             return i, len(cases), Failure(str(case), f"the kernel raised {type(exc).__name__}: "
                                           + (message[-1] if message else ""), hints or [generic_hint])
         detail = compare_rows(case, got, expected)
         if detail is not None:
             attempt = SoftmaxAttempt(case, s, got, expected)
-            hints = [m.hint for m in mistakes if _detects(m, attempt)]
+            hints = recognised(mistakes, attempt)
             return i, len(cases), Failure(str(case), detail, hints or [generic_hint])
     return len(cases), len(cases), None
 
-
-def _detects(mistake: Mistake, attempt) -> bool:
-    try:
-        return bool(mistake.detect(attempt))
-    except Exception:  # a detector that cannot judge this output recognises nothing
-        return False
 
 
 # --- step 1: the row softmax -------------------------------------------------------------------------

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.labs.steps import Failure, Mistake, Step, divmod_index
+from tutorial_kernels.labs.steps import Failure, Mistake, Step, divmod_index, recognised
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import relative_error
 from tutorial_kernels.runtime import default_device
@@ -110,16 +110,10 @@ def grade(cases: list[Case], draw: Callable[[Case, int], dict], run: Callable[[d
         detail = compare(case, got, expected, axes)
         if detail is not None:
             trial = Trial(case, inputs, got, expected)
-            hints = [m.hint for m in mistakes if _detects(m, trial)]
+            hints = recognised(mistakes, trial)
             return i, len(cases), Failure(str(case), detail, hints or [generic_hint])
     return len(cases), len(cases), None
 
-
-def _detects(mistake: Mistake, trial: Trial) -> bool:
-    try:
-        return bool(mistake.detect(trial))
-    except Exception:  # a detector that cannot judge this output recognises nothing
-        return False
 
 
 # --- step 1: the K loop of a tiled matrix product ------------------------------------------------------

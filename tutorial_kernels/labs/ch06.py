@@ -26,7 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.labs.steps import DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, draw, sm_scale
+from tutorial_kernels.labs.steps import (DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, draw, recognised,
+                                         sm_scale)
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import (
     causal_mask, reference_attention, reference_log_sum_exp, reference_scores, relative_error)
@@ -267,16 +268,10 @@ def grade_backward(run: Callable[[AttentionCase, dict], torch.Tensor],
         if detail is None:
             continue
         attempt = GradAttempt(case, **x, got=got, expected=expected, bound=bound(case.dtype))
-        hints = [m.hint for m in mistakes if _detects(m, attempt)]
+        hints = recognised(mistakes, attempt)
         return i, len(cases), Failure(str(case), detail, hints or [generic_hint])
     return len(cases), len(cases), None
 
-
-def _detects(mistake: Mistake, attempt: GradAttempt) -> bool:
-    try:
-        return bool(mistake.detect(attempt))
-    except Exception:  # a detector that cannot judge this output recognises nothing
-        return False
 
 
 def _all_zero(a: GradAttempt) -> bool:

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.labs.steps import Failure, Mistake, Step
+from tutorial_kernels.labs.steps import Failure, Mistake, Step, recognised
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import expand_kv_heads, reference_kvcache_attention, relative_error
 from tutorial_kernels.runtime import default_device
@@ -377,16 +377,10 @@ def grade_decode(run: Callable[[DecodeCase, dict], dict], cases: list[DecodeCase
             return first + i, total, Failure(str(case), raised(exc), [generic_hint])
         detail = describe(case, got, expected)
         if detail is not None:
-            hints = [m.hint for m in mistakes if _detects(m, DecodeAttempt(case, x, got, expected))]
+            hints = recognised(mistakes, DecodeAttempt(case, x, got, expected))
             return first + i, total, Failure(str(case), detail, hints or [generic_hint])
     return first + len(cases), total, None
 
-
-def _detects(mistake: Mistake, attempt) -> bool:
-    try:
-        return bool(mistake.detect(attempt))
-    except Exception:  # a detector that cannot judge this output recognises nothing
-        return False
 
 
 # --- step 1: the split pass ------------------------------------------------------------------------------

@@ -202,16 +202,22 @@ def grade_attention(run: Callable[[AttentionCase, torch.Tensor, torch.Tensor, to
             passed.append(case)
             continue
         attempt = Attempt(case, q, k, v, got, expected, passed)
-        hints = [m.hint for m in mistakes if _detects(m, attempt)]
+        hints = recognised(mistakes, attempt)
         return len(passed), Failure(str(case), detail, hints or [generic_hint])
     return len(passed), None
 
 
-def _detects(mistake: Mistake, attempt: Attempt) -> bool:
-    try:
-        return bool(mistake.detect(attempt))
-    except Exception:  # a detector that cannot judge this output recognises nothing
-        return False
+def recognised(mistakes, attempt) -> list[str]:
+    """The hints of the `mistakes` whose detector recognises `attempt` (any lab's attempt object); a
+    detector that cannot judge this output (it raises) recognises nothing."""
+    hints = []
+    for mistake in mistakes:
+        try:
+            if mistake.detect(attempt):
+                hints.append(mistake.hint)
+        except Exception:  # noqa: BLE001
+            pass
+    return hints
 
 
 @dataclass(frozen=True)
