@@ -317,9 +317,6 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
 # --8<-- [end:sdpa]
 
 
-
-
-# --8<-- [start:kvcache]
 @torch.library.custom_op("tutorial_kernels::attention_kvcache", mutates_args=("k_cache", "v_cache"))
 def _attention_kvcache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor | None,
                        v: torch.Tensor | None, cache_seqlens: torch.Tensor, block_table: torch.Tensor | None,
@@ -358,6 +355,6 @@ def flash_attention_with_kvcache(
                                                 sm_scale, num_splits)
     out, lse = run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal, scale, num_splits, plan)
     return (out, lse) if return_lse else out
-# --8<-- [end:kvcache]
+
 
 __all__ = ["flash_attention", "scaled_dot_product_attention", "flash_attention_with_kvcache", "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]
