@@ -19,6 +19,8 @@ Which kernel runs (`kernel_for`):
 Both calls are `torch.library` custom operators (`tutorial_kernels::attention_into`, `::attention_fwd`,
 `::attention_bwd`) with fake implementations for shapes and an autograd formula, so that
 `torch.compile` traces straight through them (no graph break) and `torch.export` can carry them.
+Called eagerly, the front door runs the operators' bodies without their dispatch (training through an
+autograd.Function): cheaper per call, and no import of torch's compiler at the first call.
 
 Conventions. `flash_attention` aligns the causal mask to the bottom-right corner (query i of n_q
 sees keys j ≤ i + n_k − n_q, what a key/value cache needs), like every chapter.
@@ -121,8 +123,7 @@ def _(q, k, v, out, causal, sm_scale):
     return None
 
 
-@torch.library.custom_op("tutorial_kernels::attention_fwd", mutates_args=())
-def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+def _train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
                    sm_scale: float) -> tuple[torch.Tensor, torch.Tensor]:
     """Training forward: (O (B, H, n_q, d), lse (B, H, n_q) float32, log Σ_j e^{S_ij})."""
     kernel = kernel_for(q, k, v, causal)
@@ -135,14 +136,16 @@ def _attention_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=q.is_cuda)
 
 
+_attention_fwd = torch.library.custom_op("tutorial_kernels::attention_fwd", _train_forward, mutates_args=())
+
+
 @_attention_fwd.register_fake
 def _(q, k, v, causal, sm_scale):
     batch, heads, n_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads, n_q), dtype=torch.float32)
 
 
-@torch.library.custom_op("tutorial_kernels::attention_bwd", mutates_args=())
-def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+def _train_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
                    lse: torch.Tensor, causal: bool, sm_scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) from dO and the forward's O and log-sum-exp (`backward_kernel_for` says whose)."""
     # dO arrives with whatever strides autograd built (stride 0 after .sum()): a dense copy reads faster
@@ -153,6 +156,9 @@ def _attention_bwd(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.
     if kernel == "hopper":
         return ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, causal, sm_scale)
     return flash_attn_backward(q, k, v, o, lse, do, causal, sm_scale, tuned=q.is_cuda)
+
+
+_attention_bwd = torch.library.custom_op("tutorial_kernels::attention_bwd", _train_backward, mutates_args=())
 
 
 @_attention_bwd.register_fake
@@ -177,6 +183,33 @@ def _backward(ctx, do, dlse):
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """Eager training: the operators' bodies under autograd, without the operators. An operator's
+    first call imports torch's compiler (seconds, once per process); an autograd.Function does not."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale):
+        o, lse = _train_forward(q, k, v, causal, sm_scale)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.mark_non_differentiable(lse)
+        return o
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        return *_train_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale), None, None
+
+
+def _traced(q: torch.Tensor) -> bool:
+    """Whether this call is seen by more than eager execution — torch.compile or torch.export, a
+    dispatch mode (FakeTensorMode, make_fx), functorch's transforms, a tensor subclass: there the
+    operators, with their fake implementations, stand for the kernels."""
+    return (torch.compiler.is_compiling() or type(q) is not torch.Tensor
+            or torch._C._len_torch_dispatch_stack() > 0 or torch._C._are_functorch_transforms_active())
 # --8<-- [end:custom_ops]
 
 
@@ -194,7 +227,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     Raises TypeError / ValueError naming the argument for inputs outside this contract.
     """
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
-    if torch.compiler.is_compiling():  # traced once: the operators go into the graph
+    if _traced(q):  # traced once: the operators go into the graph
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
         if q.shape[0] * q.shape[1] > MAX_GRID_Y:
             return _in_slices(q, k, v, causal, scale, out)
@@ -218,7 +251,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             _DECISIONS[key] = decision
     kernel, scale, relaunch, plan = decision
     if kernel == "train":
-        return _attention_fwd(q, k, v, causal, scale)[0]
+        return _EagerAttention.apply(q, k, v, causal, scale)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if plan is not None and relaunch(plan, q, k, v, out):

@@ -371,7 +371,7 @@ def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty
 
 
 # --8<-- [start:kernel]
-@gluon.jit
+@gluon.jit(do_not_specialize=("n_q", "n_k"))  # one binary for every length (chapter 5 says why)
 def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om, lse_ptr, write_lse,
                       n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,

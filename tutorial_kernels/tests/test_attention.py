@@ -213,6 +213,46 @@ def test_the_backward_operator_passes_opcheck_on_transposed_inputs():
         torch.library.opcheck(_attention_bwd, (do, q, k, v, o, lse, causal, 0.25))
 
 
+def test_eager_training_matches_the_operators_and_leaves_torchs_compiler_unimported():
+    """Eagerly the front door trains through an autograd.Function around the operators' bodies: the
+    same outputs and gradients, bit for bit, as the operators under autograd, and — in a fresh process
+    — no import of torch._dynamo, which an operator's first call costs (seconds on a new machine)."""
+    import subprocess
+    import sys
+
+    from tutorial_kernels.attention import _attention_fwd  # noqa: PLC2701 (the operator compared with)
+
+    x = random_qkv(2, 4, 37, 21, 16, torch.float32, layout="bnhd")
+    q, k, v = x.q, x.k[:, :2], x.v[:, :2]
+    do = torch.randn_like(q)
+    eager = _grads(lambda q, k, v: flash_attention(q, k, v, True, 0.25), q, k, v, do)
+    operator = _grads(lambda q, k, v: _attention_fwd(q, k, v, True, 0.25)[0], q, k, v, do)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), eager, operator):
+        assert torch.equal(got, want), f"{name}: the eager path differs from the operator; seed={x.seed}"
+    script = ("import sys, torch, tutorial_kernels\n"
+              f"q = torch.randn(1, 2, 20, 16, device='{q.device.type}', requires_grad=True)\n"
+              "tutorial_kernels.flash_attention(q, q, q, True).sum().backward()\n"
+              "assert torch.isfinite(q.grad).all()\n"
+              "print('torch._dynamo' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600, check=True)
+    assert done.stdout.split()[-1] == "False", "a first eager training call imported torch._dynamo"
+
+
+def test_fake_tensors_see_the_operators_fake_shapes():
+    """Under FakeTensorMode (what torch.compile and export trace with) no kernel runs: the operators'
+    fake implementations give the shapes, for inference and training alike."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        q = torch.empty(2, 4, 33, 16)
+        k, v = torch.empty(2, 2, 40, 16), torch.empty(2, 2, 40, 16)
+        assert flash_attention(q, k, v, True).shape == (2, 4, 33, 16)
+        q.requires_grad_()
+        o = flash_attention(q, k, v, True)
+        o.sum().backward()
+        assert o.shape == q.shape and q.grad.shape == q.shape
+
+
 @pytest.mark.parametrize("n_q, n_k", [(0, 5), (5, 0), (0, 0)], ids=["no-query", "no-key", "neither"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_empty_sequences_give_pytorchs_answer(n_q, n_k, causal):
@@ -251,11 +291,11 @@ def test_more_programs_than_a_grid_axis_holds_run_in_slices(monkeypatch):
     whole = _grads(lambda q, k, v: flash_attention(q, k, v, True), q, k, v, do)
     with torch.no_grad():
         whole_out = flash_attention(q, k, v, True)
-    widest = []  # batch × heads of every launch, inference (_launch) and training (_attention_fwd) alike
-    launch, train = front._launch, front._attention_fwd
+    widest = []  # batch × heads of every launch, inference (_launch) and training (_train_forward) alike
+    launch, train = front._launch, front._train_forward
     monkeypatch.setattr(front, "_launch", lambda kernel, q, *a: (widest.append(q.shape[0] * q.shape[1]),
                                                                  launch(kernel, q, *a))[1])
-    monkeypatch.setattr(front, "_attention_fwd", lambda q, *a: (widest.append(q.shape[0] * q.shape[1]),
+    monkeypatch.setattr(front, "_train_forward", lambda q, *a: (widest.append(q.shape[0] * q.shape[1]),
                                                                 train(q, *a))[1])
     for limit in (4, 2):
         monkeypatch.setattr(front, "MAX_GRID_Y", limit)
@@ -308,3 +348,29 @@ def test_the_training_forward_compiles_the_backward_the_gradients_run(layout, he
         out.backward(torch.randn_like(out))
         assert [_compiled(kernel) for kernel in kernels] == [1, 1, 1], f"the backward compiled again at {n_q, n_k}"
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+
+
+@pytest.mark.gpu("compiling the backward ahead")
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_a_new_length_in_a_compiled_bucket_compiles_nothing(causal):
+    """Lengths are not compiled in (the kernels say do_not_specialize): after one call with gradients in
+    a length bucket, calls at other lengths of that bucket — a multiple of 16, an odd one — compile no
+    kernel, forward or backward, Triton's or Hopper's. (At head_dim 64 every length leaves the strides'
+    divisibility by 16, which Triton does compile in, unchanged.)"""
+    from tutorial_kernels import ch05_flash_v2 as c5
+    from tutorial_kernels import ch06_backward as c6
+    from tutorial_kernels import ch07_hopper as c7
+    from tutorial_kernels import ch07_hopper_backward as c7b
+
+    kernels = (c5._flash_v2_fwd_kernel, c6._attn_bwd_preprocess_kernel, c6._attn_bwd_dkdv_kernel,
+               c6._attn_bwd_dq_kernel, c7._flash_hopper_fwd, c7b._flash_hopper_bwd)
+    counts = []
+    for n in (1000, 1024, 1008, 1017):
+        x = random_qkv(2, 4, n, n, 64, torch.bfloat16, "cuda")
+        q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
+        out = flash_attention(q, k, v, causal=causal)
+        out.backward(torch.randn_like(out))
+        torch.cuda.synchronize()
+        assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
+        counts.append([_compiled(kernel) for kernel in kernels])
+    assert all(c == counts[0] for c in counts), f"compiled binaries per kernel after n = 1000, 1024, 1008, 1017: {counts}"
