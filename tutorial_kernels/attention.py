@@ -194,7 +194,6 @@ class _EagerAttention(torch.autograd.Function):
         o, lse = _train_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
-        ctx.mark_non_differentiable(lse)
         return o
 
     @staticmethod

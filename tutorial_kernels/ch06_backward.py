@@ -40,7 +40,7 @@ import triton.language as tl
 
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
 from tutorial_kernels.perf import tile_table
-from tutorial_kernels.perf.autotune import TunedKernel
+from tutorial_kernels.perf.autotune import TunedKernel, loaded
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.precision import autotunes, dot_precision, tiles_for
 from tutorial_kernels.tiling import (
@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 
 
 # --8<-- [start:preprocess]
-@triton.jit(do_not_specialize=("n_q",))  # one binary for every length (chapter 5's forward says why)
+@triton.jit
 def _attn_bwd_preprocess_kernel(
     o_ptr, do_ptr, delta_ptr,
     stride_ob, stride_oh, stride_om, stride_od,
@@ -122,7 +122,7 @@ def _dkdv_from_query_tiles(
 
 
 # --8<-- [start:dkdv_kernel]
-@triton.jit(do_not_specialize=("n_q", "n_k", "length_bucket"))  # one binary for every length
+@triton.jit
 def _attn_bwd_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -226,7 +226,7 @@ def _dq_from_key_tiles(
     return dq
 
 
-@triton.jit(do_not_specialize=("n_q", "n_k", "length_bucket"))  # one binary for every length
+@triton.jit
 def _attn_bwd_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
     stride_qb, stride_qh, stride_qm, stride_qd,
@@ -407,14 +407,13 @@ def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
             or os.environ.get("TUTORIAL_KERNELS_COMPILE_AHEAD", "1") == "0"):
         return
     # what decides the binaries: the tuning key of `_kernel_arguments`, and how Triton specialises the
-    # integers (equal to 1, divisible by 16) among the strides and addresses (not the lengths: the
-    # kernels say do_not_specialize)
+    # integers (equal to 1, divisible by 16) among the lengths and q's, k's and v's strides
     head_dim = q.shape[3]
     tuning_key = (triton.next_power_of_2(max(q.shape[2], k.shape[2])), head_dim, causal, head_dim_block(head_dim),
                   q.dtype)
     dense_q, dense_k = _dense(q.shape, q.dtype), _dense(k.shape, k.dtype)  # dO and dQ; dK and dV
     seen = (tuning_key, *((n == 1, n % 16 == 0) for n in (
-        *q.stride(), *k.stride(), *v.stride(), *dense_q.stride(), *dense_k.stride(),
+        q.shape[2], k.shape[2], *q.stride(), *k.stride(), *v.stride(), *dense_q.stride(), *dense_k.stride(),
         q.data_ptr(), k.data_ptr(), v.data_ptr())))
     if seen in _AHEAD_OF:
         return  # compiled ahead already (or the call is the same but for its data): one lookup
@@ -431,9 +430,9 @@ def compile_backward_ahead(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ca
 
     def compile_all() -> None:
         with torch.cuda.device(device):  # Triton compiles for the current device of this thread
-            _attn_bwd_preprocess_kernel.warmup(
+            loaded(_attn_bwd_preprocess_kernel.warmup(
                 q.dtype, q.dtype, torch.float32, *dense_q.stride(), *dense_q.stride(), shape.heads, shape.n_q,
-                shape.head_dim, grid=(1,), BLOCK_M=_DELTA_ROWS, BLOCK_D=head_dim_block(shape.head_dim))
+                shape.head_dim, grid=(1,), BLOCK_M=_DELTA_ROWS, BLOCK_D=head_dim_block(shape.head_dim)))
             TUNED_DKDV.compile_ahead(tuning_key, *as_dtypes(dkdv_args), **constexprs)
             TUNED_DQ.compile_ahead(tuning_key, *as_dtypes(dq_args), **constexprs)
 

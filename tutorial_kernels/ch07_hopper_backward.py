@@ -322,7 +322,7 @@ def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, gro
 
 
 # --8<-- [start:kernel]
-@gluon.jit(do_not_specialize=("n_q", "n_k"))  # one binary for every length (chapter 5 says why)
+@gluon.jit
 def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, dk_ptr, dv_ptr,
                       n_heads, group_size, n_q, n_k, qk_scale, sm_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,

@@ -55,21 +55,14 @@ def _decode_partial_kernel(
     n_kv_heads, group_size, n_q, head_dim, n_splits, qk_scale,
     PAGED: tl.constexpr, PAGE: tl.constexpr, CAUSAL: tl.constexpr, PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    STAGGER: tl.constexpr = False, SPLITS_FASTEST: tl.constexpr = False,
 ):
     """One program: one tile of packed rows (query × head of a group) of one (batch, KV head), against
     the keys of one split: split s of n_splits covers keys [s·c, (s + 1)·c) of its sequence, c the
     sequence's length over n_splits in whole key tiles. PARTIAL: write O_s = acc / ℓ and lse_s (log₂
     units) of the split; else the final O (the only split) and lse in natural units."""
-    if SPLITS_FASTEST:  # one axis, the splits of one (batch, KV head) next to each other
-        pid = tl.program_id(0).to(tl.int64)
-        split = (pid % n_splits).to(tl.int32)
-        pid_m = ((pid // n_splits) % tl.cdiv(n_q * group_size, BLOCK_M)).to(tl.int32)
-        pid_bk = pid // (n_splits * tl.cdiv(n_q * group_size, BLOCK_M))
-    else:
-        pid_bk = tl.program_id(0).to(tl.int64)  # (batch, KV head) on the x axis: any number of them
-        pid_m = tl.program_id(1)
-        split = tl.program_id(2)
+    pid_bk = tl.program_id(0).to(tl.int64)  # (batch, KV head) on the x axis: any number of them
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
     batch = pid_bk // n_kv_heads
     kv_head = pid_bk % n_kv_heads
 
@@ -93,13 +86,7 @@ def _decode_partial_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)  # running max, log₂ units
     l_i = tl.zeros([BLOCK_M], tl.float32)  # running Σ 2^{s − m}
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    n_tiles = tl.cdiv(end - start, BLOCK_N)
-    first = (pid_bk % tl.maximum(n_tiles, 1)).to(tl.int32) if STAGGER else 0
-    for t in range(0, n_tiles):
-        if STAGGER:  # program (b, h) starts at its own tile and wraps around
-            start_n = start + ((t + first) % n_tiles) * BLOCK_N
-        else:
-            start_n = start + t * BLOCK_N
+    for start_n in range(start, end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         key_ok = offs_n < end
         rows_n = offs_n.to(tl.int64)  # × a token stride, which may be large (a (tokens, B, H_kv, d) cache)
@@ -381,9 +368,7 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     common = dict(PAGED=block_table is not None, PAGE=k_cache.shape[2] if block_table is not None else 1, CAUSAL=causal, BLOCK_D=block_d, DOT_PRECISION=dot_precision(q.dtype),
                   **tiles)
     sizes = (kv_heads, group, n_q, head_dim, num_splits, scale * LOG2_E)
-    common |= ORDER
-    grid = ((batch * kv_heads * row_tiles * num_splits,) if ORDER["SPLITS_FASTEST"] else
-            (batch * kv_heads, row_tiles, num_splits))
+    grid = (batch * kv_heads, row_tiles, num_splits)
     if plan is not None:
         if len(_SPLITS) >= MAX_PLANS:  # a server's shapes are few; a sweep's are not: start again
             _SPLITS.clear(), _PARTIAL.clear(), _COMBINE.clear()
@@ -411,7 +396,6 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
 # microseconds of GPU work, and Triton's Python per launch costs more than that.
 _PARTIAL = LaunchPlans(_decode_partial_kernel)
 _COMBINE = LaunchPlans(_decode_combine_kernel)
-ORDER = dict(STAGGER=False, SPLITS_FASTEST=False)  # the programs' order (experiments/2026-11-28_decode_order)
 _SPLITS: dict = {}  # plan → (the number of splits its launches use, causal, the scale)
 MAX_PLANS = 1024
 

@@ -12,10 +12,10 @@ The process imports the package, then calls `flash_attention(q, q, q, causal=...
 * n = 3000: another length bucket;
 * (1, 8, 1000, 128) bfloat16, not causal: a new shape in a running process, every kernel new.
 
-Once with the tile table (the default) and once with TUTORIAL_KERNELS_AUTOTUNE=1 (Triton's
-autotuner at every new bucket, the behaviour before the table). A third process times what the
-first call costs before any kernel of ours: torch's custom operators import torch's compiler
-(torch._dynamo) when first called. Writes data/first_call.json with provenance.
+Once with the tile table (the default), once with the backward not compiled ahead, and once with
+TUTORIAL_KERNELS_AUTOTUNE=1 (Triton's autotuner at every new bucket, the behaviour before the table).
+A last process times torch's own SDPA at the first shape: what a process pays whatever attention it
+runs. Writes data/first_call.json with provenance.
 """
 
 from __future__ import annotations
@@ -61,13 +61,24 @@ for call in sys.argv[1:]:
                  "forward_s": round(t1 - t0, 4), "backward_s": round(t2 - t1, 4)})
 print(json.dumps({"import_s": round(imported, 3), "calls": rows}))
 """
-# torch's share of a first call: what importing its compiler costs after `import torch`
-_TORCH_LAZY_IMPORT = """
+# torch's own first call at the first shape (SDPA, its default backend), timed the same way: what a process
+# pays whatever attention it runs (the first backward imports torch's symbolic shapes, sympy)
+_TORCH_FIRST_CALL = """
 import json, time
 import torch
+import torch.nn.functional as F
+g = torch.Generator(device="cuda").manual_seed(1000)
+q = torch.randn(1, 8, 1000, 64, device="cuda", generator=g).half().requires_grad_()
+do = torch.randn(1, 8, 1000, 64, device="cuda", generator=g).half()
+torch.cuda.synchronize()
 t0 = time.perf_counter()
-import torch._dynamo
-print(json.dumps({"import_torch_dynamo_s": round(time.perf_counter() - t0, 3)}))
+o = F.scaled_dot_product_attention(q, q, q, is_causal=True)
+torch.cuda.synchronize()
+t1 = time.perf_counter()
+o.backward(do)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+print(json.dumps({"forward_s": round(t1 - t0, 4), "backward_s": round(t2 - t1, 4)}))
 """
 
 
@@ -102,19 +113,20 @@ def main(argv: list[str] | None = None) -> None:
         measure(autotune=False, bytecode=bytecode)  # discarded: fills Python's bytecode cache
         runs = [measure(autotune=False, bytecode=bytecode), measure(autotune=False, bytecode=bytecode, ahead=False),
                 measure(autotune=True, bytecode=bytecode)]
-        torch_share = _run(_TORCH_LAZY_IMPORT, [], {**os.environ, "PYTHONPYCACHEPREFIX": bytecode})
+        torch_share = _run(_TORCH_FIRST_CALL, [], {**os.environ, "PYTHONPYCACHEPREFIX": bytecode})
     document = {
         "description": "Seconds to the first results of tutorial_kernels.flash_attention(q, q, q, causal=...) with "
                        "gradients, (1, 8, n, head_dim), in a fresh process with an empty Triton cache and Python's "
                        "bytecode compiled: the forward and the backward, each to its synchronisation, for the calls "
                        "in order. One process per way of choosing tiles; 'compile ahead off' runs the table with "
                        "TUTORIAL_KERNELS_COMPILE_AHEAD=0 (the backward compiled when it is called). "
-                       "torch_first_custom_op: the seconds of `import torch._dynamo` after `import torch`, which "
-                       "torch's custom operators do at their first call. stderr_lines counts what a process "
-                       "printed on stderr (compiler output included).",
+                       "torch_sdpa_first_call: torch's own scaled_dot_product_attention at the first call's "
+                       "shape in a fresh process, timed the same way (what any attention pays: the first backward "
+                       "imports torch's symbolic shapes). stderr_lines counts what a process printed on stderr "
+                       "(compiler output included).",
         "provenance": provenance(" ".join(["python -m tutorial_kernels.bench.first_call", *(argv or sys.argv[1:])])),
         "first_calls": runs,
-        "torch_first_custom_op": torch_share,
+        "torch_sdpa_first_call": torch_share,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(document, indent=1) + "\n")

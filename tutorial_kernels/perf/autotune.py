@@ -61,6 +61,16 @@ def quiet_tuning(what: str) -> Iterator[None]:
                 log.debug("while tuning %s, the compiler said (failed candidates are dropped):\n%s", what, text)
 
 
+def loaded(compiled) -> None:
+    """Load a kernel compiled by `warmup` into the current CUDA context and build its launcher (Triton
+    does both at the first launch otherwise; the launcher is C compiled by the system's compiler, about
+    0.3 s per new signature). Triton 3.6 names this step `_init_handles`; another Triton that lacks it
+    does it at the launch, as before."""
+    init = getattr(compiled, "_init_handles", None)
+    if callable(init):
+        init()
+
+
 class TunedKernel:
     """`kernel` (a @triton.jit function) with `configs` tuned per `key` (names of its arguments).
 
@@ -151,7 +161,7 @@ class TunedKernel:
         if tile_table.autotuning_requested():
             return
         chosen = self.choices.get(tuning_key) or self._by_rule(tuning_key)
-        self.kernel.warmup(*args, grid=(1,), **constexprs, **chosen.all_kwargs())
+        loaded(self.kernel.warmup(*args, grid=(1,), **constexprs, **chosen.all_kwargs()))
 
     def _launch_with(self, chosen: triton.Config, grid: Grid, plan: Hashable | None, *args, **constexprs) -> None:
         meta = chosen.all_kwargs()
