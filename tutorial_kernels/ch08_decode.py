@@ -372,7 +372,7 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     if plan is not None:
         if len(_SPLITS) >= MAX_PLANS:  # a server's shapes are few; a sweep's are not: start again
             _SPLITS.clear(), _PARTIAL.clear(), _COMBINE.clear()
-        _SPLITS[plan] = (num_splits, causal, scale)
+        _SPLITS[plan] = (num_splits, causal, scale, cache_seqlens)
     if num_splits == 1:  # _decode_partial_kernel[grid](…), remembered under `plan` (perf/launch_plan.py)
         _PARTIAL.launch(
             plan, grid, q, k_cache, v_cache, out, lse, n_keys, table, *q.stride(), *k_cache.stride(), *v_cache.stride(),
@@ -396,7 +396,7 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
 # microseconds of GPU work, and Triton's Python per launch costs more than that.
 _PARTIAL = LaunchPlans(_decode_partial_kernel)
 _COMBINE = LaunchPlans(_decode_combine_kernel)
-_SPLITS: dict = {}  # plan → (the number of splits its launches use, causal, the scale)
+_SPLITS: dict = {}  # plan → (the number of splits its launches use, causal, the scale, the (B,) lengths)
 MAX_PLANS = 1024
 
 
@@ -404,13 +404,14 @@ def kvcache_call_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, caus
                      num_splits) -> Hashable | None:
     """A key equal for two calls of `flash_attention_with_kvcache` that every check treats alike and
     that launch the same kernels with the same scalars: the tensors' shapes, strides, dtypes, devices
-    and alignment, the flags, and float32's matmul precision. None where the full path must run: on the CPU (its checks read the
-    lengths), for an int cache_seqlens, an input that requires grad, or arguments of a kind the checks
-    would refuse."""
+    and alignment, the flags, float32's matmul precision, and an int cache_seqlens's value (a model's
+    layers repeat it within a step). None where the full path must run: on the CPU (its checks read the
+    lengths), for an input that requires grad, or arguments of a kind the checks would refuse."""
     if not (type(causal) is bool and (sm_scale is None or type(sm_scale) is float)
             and (num_splits is None or type(num_splits) is int) and isinstance(q, torch.Tensor) and q.is_cuda
             and isinstance(k_cache, torch.Tensor) and isinstance(v_cache, torch.Tensor)
-            and isinstance(cache_seqlens, torch.Tensor) and (block_table is None or isinstance(block_table, torch.Tensor))
+            and (isinstance(cache_seqlens, torch.Tensor) or type(cache_seqlens) is int)
+            and (block_table is None or isinstance(block_table, torch.Tensor))
             and ((k is None and v is None) or (isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor)))):
         return None
     if torch.is_grad_enabled() and (q.requires_grad or (k is not None and (k.requires_grad or v.requires_grad))):
@@ -418,7 +419,8 @@ def kvcache_call_key(q, k_cache, v_cache, k, v, cache_seqlens, block_table, caus
     try:
         # float32's tl.dot precision follows torch.get_float32_matmul_precision(): a setting, not a tensor
         return (causal, sm_scale, num_splits, dot_precision(q.dtype), tensor_signature(q), tensor_signature(k_cache),
-                tensor_signature(v_cache), tensor_signature(cache_seqlens),
+                tensor_signature(v_cache),
+                ("length", cache_seqlens) if type(cache_seqlens) is int else tensor_signature(cache_seqlens),
                 None if block_table is None else tensor_signature(block_table),
                 None if k is None else (tensor_signature(k), tensor_signature(v)))
     except RuntimeError:  # a tensor without strides (sparse, nested): the checks will say so
@@ -433,7 +435,9 @@ def relaunch_kvcache(plan: Hashable, q, k_cache, v_cache, k, v, cache_seqlens,
     remembered = _SPLITS.get(plan)
     if remembered is None:
         return None
-    num_splits, causal, scale = remembered
+    num_splits, causal, scale, lengths = remembered
+    if not isinstance(cache_seqlens, torch.Tensor):  # an int, part of the key: the tensor made from it then
+        cache_seqlens = lengths
     if not _PARTIAL.ready(plan) or (num_splits > 1 and not _COMBINE.ready(plan)):
         return None
     n_new = 0 if k is None else k.shape[2]

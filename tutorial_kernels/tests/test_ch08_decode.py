@@ -287,3 +287,25 @@ def test_a_remembered_call_follows_the_float32_matmul_precision():
     finally:
         torch.set_float32_matmul_precision(before)
     assert keys[0] is not None and keys[0] != keys[1]
+
+
+@pytest.mark.gpu("remembered launches")
+def test_an_int_length_is_remembered_with_its_value(monkeypatch):
+    """A growing cache hands one int length to every layer of a step: the second call with that int
+    (and the same shapes) repeats the first one's launches, without the checks; another int is another
+    call. Each answer equals the same call with the lengths as a tensor."""
+    import tutorial_kernels.attention as front
+    from tutorial_kernels.attention import flash_attention_with_kvcache
+
+    checked = []
+    check = front.check_kvcache_inputs
+    monkeypatch.setattr(front, "check_kvcache_inputs", lambda *a: (checked.append(a[5]), check(*a))[1])
+    g = torch.Generator(device="cuda").manual_seed(fresh_seed())
+    q = torch.randn(2, 8, 1, 64, device="cuda", generator=g).bfloat16()
+    k_cache, v_cache = (torch.randn(2, 2, 300, 64, device="cuda", generator=g).bfloat16() for _ in "kv")
+    for n in (41, 41, 300, 41, 300):
+        got = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=n)
+        lengths = torch.full((2,), n, dtype=torch.int32, device="cuda")
+        want = flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths)
+        assert torch.equal(got, want), f"cache_seqlens={n}"
+    assert [n for n in checked if isinstance(n, int)] == [41, 300], f"checked the int lengths {checked}"
