@@ -13,7 +13,9 @@ for path in sorted(glob.glob(f"{sys.argv[1]}/*.json")):
     for r in rows:
         if r.get("status") == "ok":
             by[(r["head_dim"], r["causal"], r["n"], r["dtype"], r.get("mode", "fwd"))][r["provider_key"]] = r["ms"]
-    name = path.split("/")[-1].rsplit("_", 1)[0] if "_before_" in path or "_after_" in path else path.split("/")[-1]
+    name = path.split("/")[-1]
+    if any(f"_{v}_" in name for v in ("before", "after", "variant")):
+        name = name.rsplit("_", 1)[0]  # the rounds of one version together
     for cell, ms in sorted(by.items()):
         if "front-door" in ms and "sdpa-cudnn" in ms:
             ratios[(name, cell)].append(ms["front-door"] / ms["sdpa-cudnn"])
