@@ -77,6 +77,23 @@ def test_notebook_is_executed_and_not_stale(path, runner):
     )
 
 
+def test_a_notebook_goes_stale_only_with_what_it_depends_on(runner):
+    """The stamp covers the modules a notebook imported and the files it read, as executing it recorded
+    them: a comment added to every module leaves every notebook fresh; a statement added to a module a
+    notebook imported makes it stale; the benchmark harness's command line, which no notebook imports,
+    is not among any notebook's dependencies."""
+    for path in NOTEBOOKS:
+        nb = runner.nbformat.read(path, as_version=4)
+        recorded = nb.metadata.get(runner.DEPS_KEY)
+        assert recorded and recorded["modules"], f"{path.name}: no dependencies recorded; execute the notebook"
+        fresh = runner.stamp(nb)
+        assert runner.stamp(nb, read=lambda p: p.read_text() + "\n# a comment\n") == fresh, path.name
+        used = ROOT / recorded["modules"][-1]
+        edited = runner.stamp(nb, read=lambda p, used=used: p.read_text() + ("\nx = 1\n" if p == used else ""))
+        assert edited != fresh, f"{path.name}: a statement added to {used.name}, which it imports, left it fresh"
+        assert "tutorial_kernels/bench/cli.py" not in recorded["modules"], path.name
+
+
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.name for p in NOTEBOOKS])
 def test_notebook_reexecutes_to_the_committed_outputs(path, runner):
