@@ -3,6 +3,7 @@ and says clearly what it needs when a checkout's folder (data/) is missing."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -49,11 +50,34 @@ def wheel(tmp_path_factory) -> Path:
     return built
 
 
-def test_the_wheel_holds_the_package_and_nothing_of_the_site(wheel):
-    names = zipfile.ZipFile(wheel).namelist()
-    assert "tutorial_kernels/__init__.py" in names and "tutorial_kernels/bench/__main__.py" in names
-    assert "tutorial_kernels/perf/tiles_sm90.json" in names  # the tile table the tuned kernels look up
-    assert not [n for n in names if n.startswith(("docs/", "data/", "notebooks/", "tools/", "experiments/"))]
+def test_the_wheel_holds_what_a_user_imports_and_nothing_of_the_site(wheel):
+    """The front door, the chapters' kernels, the labs and their grader, the learners' test harness and the
+    tile tables; not the site's figures, the benchmark harness, the tests or anything outside the package."""
+    names = [n for n in zipfile.ZipFile(wheel).namelist() if ".dist-info/" not in n]
+    for wanted in ("tutorial_kernels/__init__.py", "tutorial_kernels/attention.py", "tutorial_kernels/ch08_decode.py",
+                   "tutorial_kernels/labs/grader.py", "tutorial_kernels/testing.py",
+                   "tutorial_kernels/integrations/hf_attention.py", "tutorial_kernels/perf/tiles_sm90.json"):
+        assert wanted in names, wanted
+    assert not [n for n in names if not n.startswith("tutorial_kernels/")], names
+    assert not [n for n in names if n.startswith(("tutorial_kernels/figures/", "tutorial_kernels/bench/",
+                                                  "tutorial_kernels/tests/")) or n.endswith("conftest.py")]
+
+
+def test_nothing_in_the_wheel_imports_what_it_leaves_out(wheel):
+    """Every module the wheel ships imports (at any depth of its body) only modules the wheel ships."""
+    archive = zipfile.ZipFile(wheel)
+    shipped = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in archive.namelist() if n.endswith(".py")}
+    for name in archive.namelist():
+        if not name.endswith(".py"):
+            continue
+        for node in ast.walk(ast.parse(archive.read(name))):
+            targets = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                       [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+                       if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            for target in targets:
+                if target.startswith("tutorial_kernels.") and target.split(".")[1] in ("figures", "bench", "tests"):
+                    raise AssertionError(f"{name} imports {target}, which the wheel leaves out")
+        assert name[:-3].replace("/", ".").removesuffix(".__init__") in shipped
 
 
 def test_installed_outside_the_checkout_it_imports_and_computes(wheel, tmp_path):
