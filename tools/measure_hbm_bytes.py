@@ -144,7 +144,8 @@ def _run_ncu(ncu: str, configs: list[dict], metrics: list[str], timeout_s: int, 
         log = log_path.read_text() if log_path.exists() else ""
         if proc.returncode != 0:
             raise RuntimeError(f"ncu exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}\n{log[-2000:]}")
-    return parse_csv(log), " ".join(cmd[:-3] + [f"{COMMAND} --driver CONFIGS"])
+    # the command as recorded: the run's scratch folder, not this machine's temporary path
+    return parse_csv(log), " ".join(cmd[:-3] + [f"{COMMAND} --driver CONFIGS"]).replace(tmp, "$TMP")
 
 
 def parse_csv(text: str) -> list[dict]:

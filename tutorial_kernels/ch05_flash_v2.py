@@ -138,7 +138,7 @@ def _load_kv_tile(ptrs, key_ok, col_ok, MASK_KEYS: tl.constexpr, EVEN_COLS: tl.c
     past n_k in the masked stage (MASK_KEYS), columns past head_dim unless EVEN_COLS. An unmasked
     load compiles to 16-byte vector loads, a masked one may be split into narrower ones. (Whole
     columns must not be masked in the masked stage: with Triton 3.6 that made ptxas crash at
-    head_dim 16 with one query; BENCHMARKS.md.)"""
+    head_dim 16 with one query: docs/how-the-numbers-were-obtained.md, chapter 5.)"""
     if MASK_KEYS and not EVEN_COLS:
         tile = tl.load(ptrs, mask=key_ok & col_ok, other=0.0)
     elif MASK_KEYS:
@@ -334,7 +334,8 @@ def _head_dim_blocks(head_dim: int) -> tuple[int, int]:
     work as a real one: d = 80 as one block of 128 spends 37.5 % of every Q Kᵀ and P̃ V product on
     zeros, as 64 + 16 none; likewise 48 = 32 + 16 and 96 = 64 + 32. Other sizes run as one padded
     block: a second block that itself needs padding (72 = 64 + 8) gave wrong outputs on the H100,
-    and 160 = 128 + 32 an out-of-range shared-memory access (BENCHMARKS.md)."""
+    and 160 = 128 + 32 an out-of-range shared-memory access (docs/how-the-numbers-were-obtained.md,
+    chapter 5)."""
     first = 1 << (head_dim.bit_length() - 1)  # the largest power of two ≤ head_dim (≥ 16: checked before)
     second = head_dim - first
     if head_dim < 128 and second >= 16 and second & (second - 1) == 0:  # a power of two ≥ tl.dot's 16
@@ -359,7 +360,7 @@ POINTERS_ONLY, DESCRIPTORS_ONLY, EITHER = 0, 1, 2
 def _descriptors_apply(k: torch.Tensor, v: torch.Tensor) -> bool:
     """TMA needs K and V as row-major matrices with 16-byte aligned rows. Descriptors are also kept
     to 16-bit dtypes, the ones tested on the GPU: float32 at head_dim 256 gave wrong outputs through
-    descriptors on the H100 with Triton 3.6 (BENCHMARKS.md)."""
+    descriptors on the H100 with Triton 3.6 (docs/how-the-numbers-were-obtained.md, chapter 5)."""
     return all(t.is_contiguous() and t.element_size() == 2 and rows_describable(t) for t in (k, v))
 
 

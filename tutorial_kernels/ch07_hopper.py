@@ -20,7 +20,7 @@ Scope: the forward (with each row's log-sum-exp for training: `flash_attn_hopper
 backward is `ch07_hopper_backward`), float16/bfloat16, head_dim 64, 128 or 256, compute capability 9.x, the head
 dimension contiguous and the other strides multiples of 16 bytes; `hopper_kernel_unavailable` says why
 a call does not qualify. Gluon kernels do not run in Triton's CPU interpreter. What each choice bought on
-an H100 is in BENCHMARKS.md.
+an H100: docs/how-the-numbers-were-obtained.md, chapter 7.
 """
 
 from __future__ import annotations
@@ -539,7 +539,7 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
 # --8<-- [start:launch_rule]
 # Persistent programs over many heads go section by section, each section the query heads of as many
 # key/value heads as have their K and V in this share of the L2 cache (an eighth and a sixteenth
-# measured level on the H100, a quarter behind, all heads in one section far behind: BENCHMARKS.md).
+# measured level on the H100, a quarter behind, all heads in one section far behind: docs/how-the-numbers-were-obtained.md).
 SECTION_L2_SHARE = 1 / 8
 
 

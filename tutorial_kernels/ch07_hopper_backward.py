@@ -48,8 +48,8 @@ from tutorial_kernels.validation import check_attention_inputs
 
 # --8<-- [start:tile_sizes]
 # query rows per step (the N of Sᵀ = K Qᵀ, the K of dV += Pᵀ dO), per head dimension: at d = 64 a tile
-# of 128 rows fits and does more work per wait (measured: experiments/2026-11-25_backward_profile/
-# probe_d64_bm*.json, 0.93–1.04 × cuDNN against 0.90–0.98 with 64 rows)
+# of 128 rows fits and does more work per wait (measured 0.93–1.04 × cuDNN against 0.90–0.98 with 64
+# rows: docs/how-the-numbers-were-obtained.md, chapter 7)
 BLOCK_M_FOR = {64: 128, 128: 64}
 HEAD_DIMS = tuple(BLOCK_M_FOR)  # the head dimensions this schedule is built and measured for
 BLOCK_N = 128  # keys per program, 64 per consumer warpgroup (one wgmma's M)
@@ -384,8 +384,8 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 
 # --8<-- [start:preferred]
 # From how many queries and keys this backward is faster than chapter 6's autotuned Triton kernels on
-# the H100, per (head_dim, causal), both timed side by side (experiments/2026-11-28_backward_min_keys/
-# at 1024 and 2048 tokens, experiments/2026-11-25_backward_profile/ from 4096): at 2048 it was ahead
+# the H100, per (head_dim, causal), both timed side by side at 1024 to 4096 tokens and more
+# (docs/how-the-numbers-were-obtained.md, chapter 7): at 2048 it was ahead
 # everywhere except causal attention at d = 64 (level in float16, behind in bfloat16), which waits for
 # 4096; at 1024 its lead was small or none.
 MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}

@@ -37,8 +37,23 @@ def provenance(command: str) -> dict:
         "python": platform.python_version(),
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "git_commit": git_commit(),
-        "command": command,
+        "command": portable_command(command),
     }
+
+
+def portable_command(command: str) -> str:
+    """`command` without this machine's paths: a path inside the repository relative to its root, any
+    other absolute path as `$OUT/` and its file name (where the run wrote before the file was committed)."""
+    root = repository_root()
+    words = []
+    for word in command.split(" "):
+        if word.startswith("/"):
+            if root is not None and os.path.abspath(word).startswith(str(root) + os.sep):
+                word = os.path.relpath(word, root)
+            else:
+                word = "$OUT/" + os.path.basename(word.rstrip("/"))
+        words.append(word)
+    return " ".join(words)
 
 
 def nvidia_smi(field_name: str) -> str | None:

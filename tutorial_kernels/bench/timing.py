@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # rotated order, and its time is the median over rounds. Timing each provider once, one after the
 # other, let the GPU's state set the order: the first measured after an idle gap (compiling,
 # autotuning) ran at higher clocks than one measured straight after seconds of load
-# (BENCHMARKS.md, data/ch05_autotuner_diagnosis.json).
+# (data/ch05_autotuner_diagnosis.json; docs/how-the-numbers-were-obtained.md, Benchmarks).
 ROUNDS = 3
 
 

@@ -189,6 +189,6 @@ def probe_bars(data: dict, colours: dict[str, str], title: str) -> go.Figure:
 def head_dim_split(data: dict | None = None) -> go.Figure:
     """Head dimensions 80 and 96 as two column blocks against one block padded to 128, with cuDNN and
     torch flash in the same run; d = 128 (one block either way) as the control
-    (data/ch05_head_dim_split.json, experiments/2026-11-22_head_dim_split/probe_head_dim_split.py)."""
+    (data/ch05_head_dim_split.json)."""
     return probe_bars(data or load_data("ch05_head_dim_split"), SPLIT_PROBE_COLOURS,
                        "Head dimension 80 and 96: two column blocks (64 + 16, 64 + 32) against one padded to 128")

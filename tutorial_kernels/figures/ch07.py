@@ -37,7 +37,7 @@ HOPPER_PROBE_PROVIDERS = ["sdpa-cudnn", "flash-v2-hopper", "flash-v2-tuned", "sd
 @figure("ch07-hopper")
 def hopper_schedule(data: dict | None = None) -> go.Figure:
     """Chapter 7's Hopper kernel (FA3's schedule in Gluon) against cuDNN, torch flash and the tuned
-    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json, experiments/2026-11-22_hopper_schedule/probe_hopper_schedule.py)."""
+    Triton kernel, head_dim 128, bfloat16 (data/ch05_hopper.json)."""
     from tutorial_kernels.bench import PROVIDERS
 
     return probe_bars(data or load_data("ch05_hopper"),
@@ -69,7 +69,7 @@ PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.js
 def hopper_prefill_shape(data: dict | None = None) -> go.Figure:
     """Speed relative to cuDNN at the prefill models' attention shape (1 × 32 query heads, 8 key/value
     heads, d = 128, causal, bfloat16), GPU time through CUDA graphs, one group of bars per length
-    (data/ch05_hopper_prefill_shape.json, experiments/2026-11-22_hopper_schedule/probe_hopper_prefill_shape.py)."""
+    (data/ch05_hopper_prefill_shape.json)."""
     data = data or load_data("ch05_hopper_prefill_shape")
     lengths = sorted({r["n"] for r in data["results"]})
     fig = go.Figure()

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from tutorial_kernels.paths import data_dir
+from tutorial_kernels.paths import data_dir, repository_root
 from tutorial_kernels.provenance import provenance
 from tutorial_kernels.turns import take_turns
 
@@ -91,7 +91,9 @@ def profile(call, calls: int = CALLS) -> list[str]:
     torch.cuda.synchronize()
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(14)
-    return text.getvalue().splitlines()[-24:]
+    root = repository_root()  # the package's files named from the repository, not this machine's folders
+    lines = text.getvalue().splitlines()[-24:]
+    return [line.replace(f"{root}/", "") for line in lines] if root is not None else lines
 
 
 def measure(models=MODELS) -> list[dict]:

@@ -228,7 +228,7 @@ def paired_ratio(ours_ms: list[float], base_ms: list[float], confidence: float =
     so what drifts over a run (clocks, temperature, the host) is in both and cancels in their ratio
     r_k = ours_k / base_k. Their order within the turn does not cancel: while eager is timed too,
     which of the two runs right after it moves r_k by several percent (seen on the H100,
-    BENCHMARKS.md), and `turn_order` puts the two in one order on
+    docs/how-the-numbers-were-obtained.md, LLM prefill), and `turn_order` puts the two in one order on
     even turns and in the other on odd ones. So turns 2i and 2i + 1 are taken
     together, as the geometric mean of r_2i and r_2i+1, in which that effect cancels too (an odd last
     turn is left out). The interval is the sign test's: with m such values sorted, v_(j) … v_(m+1−j),

@@ -4,7 +4,7 @@ A compiled kernel's `run` (Triton's `CudaLauncher`) is Python around a launcher 
 it sizes scratch memory, and for every host-side TMA descriptor argument it reads the descriptor's
 metadata in Python and has C encode a 128-byte `CUtensorMap` (`cuTensorMapEncodeTiled`), which it
 passes with the descriptor's shape and strides. With three descriptors, that Python costs the H100
-machine's CPU about as much as the C launch itself (experiments/2026-11-25_call_cost/).
+machine's CPU about as much as the C launch itself (docs/how-the-numbers-were-obtained.md, LLM prefill).
 
 For a launch that `launch_plan` remembers, all of that is known once but the addresses: the argument
 list in the C launcher's expanded form, and each descriptor's encoding arguments. `DirectLaunch`

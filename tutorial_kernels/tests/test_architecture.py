@@ -258,3 +258,19 @@ def test_chapters_declare_their_public_api_and_hold_only_their_lesson():
                 f"tutorial_kernels.{module}:{line} imports {target}: writing data files belongs to instruments/ or bench/")
         imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "argparse" not in imported, f"tutorial_kernels.{module} parses a command line"
+
+
+def test_no_package_module_cites_the_run_diary_or_experiments():
+    """Why the code is as it is points at the site's page of record (docs/how-the-numbers-were-obtained.md),
+    which cites the runs; the package itself names no experiment folder and not the diary, which live
+    outside the product. (figures/runs.py, which maps a data file's recorded command to where its script
+    now lives, is the one module that reads experiments/.)"""
+    cited = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        if rel.parts[0] == "tests" or rel.as_posix() == "figures/runs.py":
+            continue
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if "experiments/" in line or "BENCHMARKS.md" in line:
+                cited.append(f"{rel}:{number}: {line.strip()}")
+    assert not cited, "\n".join(cited)

@@ -1,6 +1,7 @@
 """The benchmark harness's conventions, and the integrity of the committed benchmark data."""
 
 import json
+import re
 import math
 import subprocess
 import sys
@@ -85,6 +86,23 @@ def test_there_is_committed_data():
 
 
 @pytest.mark.parametrize("path", DATA_FILES, ids=[p.name for p in DATA_FILES])
+def test_committed_data_records_no_machines_paths(path: Path):
+    """Commands and notes name paths relative to the repository ($OUT / $TMP for a run's scratch), never
+    the folders of the machine that measured (`provenance.portable_command`)."""
+    found = re.findall(r"(?<![\w$])/(?:root|home|tmp|work)/[^\s\"']*", path.read_text())
+    assert not found, f"{path.name} records machine paths: {sorted(set(found))[:5]}"
+
+
+def test_a_commands_paths_are_made_portable():
+    from tutorial_kernels.paths import repository_root
+    from tutorial_kernels.provenance import portable_command
+
+    inside = repository_root() / "data" / "x.json"
+    assert portable_command(f"python -m m --out /root/out/r/x.json --data {inside} -n 3") == (
+        "python -m m --out $OUT/x.json --data data/x.json -n 3")
+
+
+@pytest.mark.parametrize("path", DATA_FILES, ids=[p.name for p in DATA_FILES])
 def test_committed_data_has_provenance_and_checked_results(path: Path):
     data = json.loads(path.read_text())
     missing = PROVENANCE_KEYS - set(data["provenance"])
@@ -97,6 +115,10 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
     if "checks" in data:  # the prefill study: models' logits checked against SDPA's before any timing counts
         assert data["checks"] and all(c["passed"] for c in data["checks"]), data["checks"]
         assert all(r["ms"] > 0 for r in data["results"] if r["status"] == "ok")
+        return
+    if "comparisons" in data:  # integrations.generate: every timed run's logits checked against sdpa's
+        assert all(r["decode_tokens_per_s"] > 0 for r in data["rows"] if r["status"] == "ok")
+        assert all(c["logits_within_bound"] for c in data["comparisons"] if "logits_within_bound" in c)
         return
     if "first_calls" in data:  # tutorial_kernels.bench.first_call: seconds per call, every call timed
         for process in data["first_calls"]:
