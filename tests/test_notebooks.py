@@ -92,6 +92,9 @@ def test_a_notebook_goes_stale_only_with_what_it_depends_on(runner):
         edited = runner.stamp(nb, read=lambda p, used=used: p.read_text() + ("\nx = 1\n" if p == used else ""))
         assert edited != fresh, f"{path.name}: a statement added to {used.name}, which it imports, left it fresh"
         assert "tutorial_kernels/bench/cli.py" not in recorded["modules"], path.name
+    # a module whose source a notebook prints counts byte for byte: notebook 6 shows the GPT's code
+    shown = runner.nbformat.read(ROOT / "notebooks" / "06_backward.ipynb", as_version=4).metadata[runner.DEPS_KEY]
+    assert "tutorial_kernels/integrations/gpt.py" in shown["files"], shown["files"]
 
 
 @pytest.mark.timeout(900)

@@ -8,9 +8,11 @@ Committed notebooks must show what today's code and data produce. Executing a no
 depended on: the repository's Python modules it imported (directly or not) and the repository's files it
 opened for reading (data/*.json, …), watched in its kernel by an audit hook. The stamp is a SHA-256 of the
 notebook's code cells, of each recorded module's syntax tree (a comment or a blank line changes nothing)
-and of each recorded file's bytes; both are stored in the notebook's metadata, and tests/test_notebooks.py
-fails when the stamp no longer matches. So a notebook goes stale only when its own code, a module it
-imports or a file it reads changes; a change elsewhere leaves it fresh.
+and of each recorded file's bytes (a module whose source the notebook shows is such a file too); both
+are stored in the notebook's metadata, and tests/test_notebooks.py fails when the stamp no longer
+matches. So a notebook goes stale only when its own code, a module it imports or a file it reads
+changes; a change elsewhere leaves it fresh.
+
 Notebooks are executed with the GPU hidden, so the committed outputs come from the interpreter
 path every reader can reproduce; a reader with a GPU gets live measurements on top. Lab notebooks
 (`notebooks/labs/`) are committed with their skeletons unfilled: their outputs are the grader's reports.
@@ -56,10 +58,11 @@ def _tutorial_watch(event, args):
 _sys.addaudithook(_tutorial_watch)
 """
 _REPORT = """
-import json as _json
+import json as _json, linecache as _linecache
 print(_json.dumps({"modules": sorted({m.__file__ for m in list(_sys.modules.values())
                                       if isinstance(getattr(m, "__file__", None), str)}),
-                   "opened": sorted(_tutorial_opened)}))
+                   "opened": sorted(_tutorial_opened),
+                   "shown": sorted(f for f in _linecache.cache if _os.path.isabs(f))}))
 """
 
 
@@ -75,11 +78,13 @@ def _in_repository(path: str) -> str | None:
 
 
 def dependencies(report: dict) -> dict:
-    """The recorded modules (.py files of the repository) and other files, relative paths, from _REPORT's output."""
+    """From _REPORT's output, relative paths: the modules (.py files of the repository) it imported, and
+    the files it read, with the modules whose source it showed (inspect.getsource, a traceback: the
+    lines linecache holds), whose every byte, comments included, is then part of the outputs."""
     modules = sorted({p for p in map(_in_repository, report["modules"]) if p and p.endswith(".py")})
-    files = sorted({p for p in map(_in_repository, report["opened"])
-                    if p and not p.endswith((".py", ".ipynb")) and p not in modules})
-    return {"modules": modules, "files": files}
+    read = {p for p in map(_in_repository, report["opened"]) if p and not p.endswith((".py", ".ipynb"))}
+    shown = {p for p in map(_in_repository, report.get("shown", [])) if p}
+    return {"modules": modules, "files": sorted(read | shown)}
 
 
 def _syntax(text: str) -> bytes:

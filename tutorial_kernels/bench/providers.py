@@ -137,7 +137,7 @@ PROVIDERS: dict[str, Provider] = {
                                config=ch05.tuned_choice),
     "flash-v2-tuned-pointers": Provider("FlashAttention-2 Triton, tuned, no TMA (ch. 5)",
                                         partial(ch05.flash_attn_v2_tuned, descriptors=False)),
-    "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 5)", ch07_hopper.flash_attn_hopper),
+    "flash-v2-hopper": Provider("FlashAttention-2 with FA3's Hopper schedule, Gluon (ch. 7)", ch07_hopper.flash_attn_hopper),
     # differentiable attention (TrainingShape): fn(q, k, v, causal) with autograd
     "front-door": Provider("tutorial_kernels.flash_attention (the front door)",
                            lambda q, k, v, causal: attention.flash_attention(q, k, v, causal)),

@@ -205,12 +205,10 @@ def reduction_bandwidth(data: dict | None = None, live: dict | None = None, earl
     fig = make_subplots(rows=1, cols=len(dtypes), subplot_titles=dtypes, shared_yaxes=True)
     for col, dtype in enumerate(dtypes, start=1):
         if earlier is not None:
-            p = earlier["provenance"]
             if col == 1:  # one grey legend entry stands for the faint lines of every provider
                 fig.add_trace(go.Scatter(
                     x=[None], y=[None], mode="lines", line=dict(color="#999999", width=1.5, dash="dot"),
-                    name=f"dotted, faint: an earlier run of the same suite ({p['date_utc'][:16].replace('T', ' ')} "
-                         f"UTC, commit {p['git_commit'][:7]})", legendgroup="earlier",
+                    name="dotted, faint: an earlier run of the same suite", legendgroup="earlier",
                 ), row=1, col=1)
             for key in provider_keys(earlier):
                 rows = ok_rows(earlier, provider_key=key, dtype=dtype)

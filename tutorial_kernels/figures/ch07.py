@@ -57,7 +57,7 @@ def hopper_head_dims(data: dict | None = None) -> go.Figure:
 
 
 PREFILL_SHAPE_COLOURS = {  # provider label in data/ch05_hopper_prefill_shape.json → bar colour
-    "Hopper kernel (ch. 5), as launched": HOPPER_VARIANT_COLOURS[0],
+    "Hopper kernel (ch. 7), as launched": HOPPER_VARIANT_COLOURS[0],
     "Hopper kernel, forced persistent": HOPPER_VARIANT_COLOURS[1],
     "Hopper kernel, forced one program per item": HOPPER_VARIANT_COLOURS[2],
     "FlashAttention-2 tuned, Triton (ch. 5)": provider_colour("flash-v2-tuned"),

@@ -14,9 +14,22 @@ from collections import Counter
 from tutorial_kernels.paths import data_dir, data_file
 
 
+def current_label(label: str) -> str:
+    """A provider's name as the site shows it now: files measured before the Hopper kernels became
+    chapter 7's recorded them as chapter 5's."""
+    if "(ch. 5)" in label and any(word in label for word in ("Hopper", "Gluon", "FA3")):
+        return label.replace("(ch. 5)", "(ch. 7)")
+    return label
+
+
 def load_data(name: str) -> dict:
-    """A committed benchmark file, e.g. `load_data("ch02_sweep")` reads data/ch02_sweep.json."""
-    return json.loads(data_file(f"{name}.json").read_text())
+    """A committed benchmark file, e.g. `load_data("ch02_sweep")` reads data/ch02_sweep.json, with its
+    providers' names as the site shows them now (`current_label`)."""
+    data = json.loads(data_file(f"{name}.json").read_text())
+    for row in data.get("results", []):
+        if isinstance(row.get("provider"), str):
+            row["provider"] = current_label(row["provider"])
+    return data
 
 
 def load_optional(name: str, given):

@@ -1,7 +1,7 @@
 """Where and how a data file was measured, as the figures say it.
 
-Every figure of measurements carries one short line under its title (`short_line`: GPU, date,
-commit) and, in a collapsed caption under the figure, the full record (`run_lines`: GPU, versions,
+Every figure of measurements carries one short line under its title (`short_line`: the GPU) and,
+in a collapsed caption under the figure, the full record (`run_lines`: GPU, versions,
 date, commit, how it was timed, the command). A data file's "provenance" describes the run that wrote
 it; a file that later runs extended (`bench --append`, `measure_hbm_bytes.py --merge`) keeps the
 earlier runs' under "earlier_runs".
@@ -52,17 +52,10 @@ def short_commit(p: dict) -> str:
 
 
 def short_line(runs: list[dict]) -> str:
-    """One line for under a figure's title: 'H100 80GB HBM3 · 2026-11-22 · commit e015562'; several
-    runs name each distinct GPU, the dates' range and how many commits."""
-    if not runs:
-        return ""
-    gpus = list(dict.fromkeys(gpu_name(p) for p in runs))
-    dates = sorted({p.get("date_utc", "")[:10] for p in runs})
-    commits = list(dict.fromkeys(short_commit(p) for p in runs))
-    # short enough for a phone: the full list of runs is in the caption ("How this was measured")
-    date = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1][5:]}"
-    commit = f"commit {commits[0]}" if len(commits) == 1 else f"{len(commits)} commits"
-    return " · ".join([" and ".join(gpus), date, commit])
+    """One line for under a figure's title: the GPU that measured it ('H100 80GB HBM3'), each distinct
+    GPU for several runs. Dates, commits and commands are the record, in the caption ("How this was
+    measured"), not the figure's subtitle."""
+    return " and ".join(dict.fromkeys(gpu_name(p) for p in runs))
 
 
 def current_command(command: str, commit: str = "") -> str:

@@ -310,8 +310,8 @@ def subplot_titles(fig: go.Figure) -> int:
 
 def measured_layout(fig: go.Figure, data: dict | list[tuple[str, dict]] | None, title: str, *, above: int = 0,
                     runs: list[dict | tuple[str, dict]] | None = None, **layout) -> go.Figure:
-    """`style_figure` for a figure of measurements: under the title, the run's short provenance line
-    (GPU, date, commit); the full record goes to the caption under the figure. `data` is a data file's
+    """`style_figure` for a figure of measurements: under the title, the GPU that measured it; the full
+    record (versions, date, commit, command) goes to the caption under the figure. `data` is a data file's
     dict, or (label, dict) pairs for a figure drawn from several files; `runs` (provenance records,
     or (label, record) pairs) replaces them when only some of a file's runs made the figure."""
     if runs is None:
