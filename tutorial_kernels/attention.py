@@ -40,6 +40,7 @@ from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
 from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key, relaunch_kvcache, run_kvcache
+from tutorial_kernels.ch09_variants import flash_attn_variants, flash_attn_varlen
 from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
                                           preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
@@ -214,7 +215,9 @@ def _traced(q: torch.Tensor) -> bool:
 
 # --8<-- [start:flash_attention]
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                    sm_scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+                    sm_scale: float | None = None, *, out: torch.Tensor | None = None,
+                    window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
     """softmax(sm_scale · Q Kᵀ) V through the fastest kernel of this tutorial that is correct for the
     inputs, forward and backward (see the module docstring).
 
@@ -223,8 +226,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     B, n_q and n_k may be 0: PyTorch's answer, an empty output, or zeros for queries without keys.
     causal: the mask aligned to the bottom-right corner. sm_scale: default 1/√d.
     out: a (B, H, n_q, d) tensor to write into (any dense layout); not with autograd, as in PyTorch.
+    window_size, softcap, alibi_slopes: chapter 9's variants, flash-attn's arguments (a sliding window
+    (left, right) around the bottom-right diagonal, −1 for no bound; c · tanh(S / c); ALiBi's per-head
+    slopes, float32 (H,) or (B, H)); a call with any of them runs chapter 9's kernels, not with `out`.
     Raises TypeError / ValueError naming the argument for inputs outside this contract.
     """
+    if window_size != (-1, -1) or softcap != 0.0 or alibi_slopes is not None:
+        return _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes)
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if _traced(q):  # traced once: the operators go into the graph
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
@@ -262,6 +270,37 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         remembered_key, relaunch = _RELAUNCHES[kernel]
         _DECISIONS[key] = (kernel, scale, relaunch, remembered_key(q, k, v, out, causal, scale))
     return out
+
+
+def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes) -> torch.Tensor:
+    """Chapter 9's kernels, for a call with a window, a softcap or ALiBi slopes. They launch eagerly:
+    under torch.compile the call is a graph break (`_eagerly`)."""
+    if torch.compiler.is_compiling():
+        return _eagerly(_with_variants)(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes)
+    if out is not None:
+        raise ValueError("out: a call with window_size, softcap or alibi_slopes returns a new tensor; pass out=None")
+    return flash_attn_variants(q, k, v, causal, sm_scale, window_size=window_size, softcap=softcap,
+                               alibi_slopes=alibi_slopes)
+
+
+def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                           cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                           sm_scale: float | None = None, *, window_size: tuple[int, int] = (-1, -1),
+                           softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
+    """Attention over a packed batch of sequences of different lengths, flash-attn's
+    `flash_attn_varlen_func` (chapter 9): q (total_q, H, d), k and v (total_k, H_kv, d), cu_seqlens_*
+    int32 (B + 1,) marking where each sequence starts, max_seqlen_* the longest; the variants as
+    `flash_attention`. Differentiable; no padding is computed. Returns O (total_q, H, d) (and the
+    log-sum-exp (H, total_q) with return_lse). Raises ValueError naming the argument."""
+    call = _eagerly(flash_attn_varlen) if torch.compiler.is_compiling() else flash_attn_varlen
+    return call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, sm_scale,
+                window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
+
+
+def _eagerly(fn):
+    """`fn` as torch.compile runs it: outside the graph (torch.compiler.disable, made when first
+    compiled: the decorator imports torch's compiler, seconds that an eager process need not pay)."""
+    return torch.compiler.disable(fn)
 
 
 def _in_slices(q, k, v, causal: bool, sm_scale: float, out) -> torch.Tensor:
@@ -389,4 +428,5 @@ def flash_attention_with_kvcache(
     return (out, lse) if return_lse else out
 
 
-__all__ = ["flash_attention", "scaled_dot_product_attention", "flash_attention_with_kvcache", "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]
+__all__ = ["flash_attention", "scaled_dot_product_attention", "flash_attention_with_kvcache", "flash_attention_varlen",
+           "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]

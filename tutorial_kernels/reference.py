@@ -51,8 +51,10 @@ def reference_scores(
 
 
 def reference_softmax(s: torch.Tensor) -> torch.Tensor:
-    """Row softmax in float64; a row whose entries are all −∞ becomes all zeros."""
+    """Row softmax in float64; a row whose entries are all −∞ (or that has none) becomes all zeros."""
     s = s.double()
+    if s.shape[-1] == 0:
+        return s
     row_max = s.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     e = torch.exp(s - row_max)  # exp(−∞) = 0 for masked entries
@@ -108,3 +110,51 @@ def reference_kvcache_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache:
         outs.append(p @ expand_kv_heads(v, q.shape[1]).double())
         lses.append(reference_log_sum_exp(s))
     return torch.cat(outs), torch.cat(lses)
+
+
+def variant_mask(n_q: int, n_k: int, window_size: tuple[int, int] = (-1, -1), causal: bool = False,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean (n_q, n_k) mask of chapter 9's variants, True where query i may see key j, aligned to the
+    bottom-right as every mask here: with d = j − (i + n_k − n_q), a key is seen when −left ≤ d ≤ right
+    (a negative bound is no bound; causal sets right = 0), flash-attn's `window_size`."""
+    left, right = window_size
+    if causal:
+        right = 0
+    rows = torch.arange(n_q, device=device)[:, None]
+    cols = torch.arange(n_k, device=device)[None, :]
+    distance = cols - (rows + (n_k - n_q))
+    seen = torch.ones(n_q, n_k, dtype=torch.bool, device=device)
+    if left >= 0:
+        seen &= distance >= -left
+    if right >= 0:
+        seen &= distance <= right
+    return seen
+
+
+def reference_variant_scores(q: torch.Tensor, k: torch.Tensor, sm_scale: float | None = None, *, causal: bool = False,
+                             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                             alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """Chapter 9's scores in float64, (B, H, n_q, n_k), as flash-attn's tests define them:
+    S = c · tanh(scale · Q Kᵀ / c) when softcap c > 0 (else scale · Q Kᵀ), then + the ALiBi bias
+    −slope_h · |i + n_k − n_q − j| when alibi_slopes ((H,) or (B, H)) is given, then −∞ outside the mask."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    k = expand_kv_heads(k, q.shape[1])
+    s = (q.double() @ k.double().transpose(-2, -1)) * scale
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    n_q, n_k = s.shape[-2:]
+    if alibi_slopes is not None:
+        rows = torch.arange(n_q, device=q.device)[:, None]
+        cols = torch.arange(n_k, device=q.device)[None, :]
+        distance = (rows + (n_k - n_q) - cols).abs().double()
+        slopes = alibi_slopes.double().reshape(-1 if alibi_slopes.dim() == 2 else 1, q.shape[1], 1, 1)
+        s = s - slopes * distance
+    return s.masked_fill(~variant_mask(n_q, n_k, window_size, causal, q.device), -math.inf)
+
+
+def reference_variant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                                **variants) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, lse) in float64 for chapter 9's variants (`reference_variant_scores`' keywords): O of shape
+    (B, H, n_q, d), lse (B, H, n_q); a row that sees no key gets O = 0 and lse = −∞."""
+    s = reference_variant_scores(q, k, sm_scale, **variants)
+    return reference_softmax(s) @ expand_kv_heads(v, q.shape[1]).double(), reference_log_sum_exp(s)

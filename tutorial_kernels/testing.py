@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from tutorial_kernels.inputs import AttentionInputs, fresh_seed, random_qkv  # noqa: F401  (re-exported for tests)
-from tutorial_kernels.reference import causal_mask, expand_kv_heads, reference_attention, relative_error
+from tutorial_kernels.reference import (causal_mask, expand_kv_heads, reference_attention, relative_error,
+                                       variant_mask)
 from tutorial_kernels.runtime import default_device, interpreter_active
 from tutorial_kernels.tolerances import (PEER_ABS_TOL, PEER_GRAD_FACTOR,  # noqa: F401  (re-exported for tests)
                                          PEER_OUTPUT_FACTOR, grad_tolerance, tolerance)
@@ -96,6 +97,28 @@ def torch_attention_same_dtype(
     blind = ~visible.any(dim=-1, keepdim=True)  # (n_q, 1): queries that see no key
     # softmax over a row of −∞ is NaN, and NaN in the backward too (0 · NaN): such a row keeps finite
     # scores through the softmax and gets P = 0 after it, so its output and gradients are exact zeros
+    p = torch.softmax(s.masked_fill(~visible & ~blind, -math.inf), dim=-1).masked_fill(blind, 0.0)
+    return p @ expand_kv_heads(v, heads)
+
+
+def torch_variant_attention_same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                                      *, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
+                                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+    """Chapter 9's variants (`reference.reference_variant_scores`) computed by plain torch ops in the inputs'
+    dtype, each result rounded to it: the peers' yardstick for them. A row that sees no key: P = 0."""
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
+    heads = q.shape[1]
+    s = (q * scale) @ expand_kv_heads(k, heads).transpose(-2, -1)
+    if softcap > 0:
+        s = softcap * torch.tanh(s / softcap)
+    n_q, n_k = s.shape[-2:]
+    if alibi_slopes is not None:
+        rows = torch.arange(n_q, device=q.device)[:, None]
+        cols = torch.arange(n_k, device=q.device)[None, :]
+        distance = (rows + (n_k - n_q) - cols).abs().to(q.dtype)
+        s = s - alibi_slopes.to(q.dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, heads, 1, 1) * distance
+    visible = variant_mask(n_q, n_k, window_size, causal, q.device)
+    blind = ~visible.any(dim=-1, keepdim=True)
     p = torch.softmax(s.masked_fill(~visible & ~blind, -math.inf), dim=-1).masked_fill(blind, 0.0)
     return p @ expand_kv_heads(v, heads)
 

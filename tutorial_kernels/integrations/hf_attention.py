@@ -25,8 +25,12 @@ refuses rather than computing something else:
   cache (`cache_implementation="static"`, fixed-size buffers with empty slots at the end) through the
   same kernel, which reads each sequence's first `cache_seqlens` keys: the mask function hands the
   attention function those lengths instead of a mask (`tutorial_flash_mask`);
-* no padding, no sliding window that actually cuts keys off, no dropout, no soft-capping, no
-  attention sinks: each raises a ValueError that says so instead of returning a wrong answer.
+* a sliding window that cuts keys off (Mistral, Gemma 2's local layers) and logit soft-capping
+  (Gemma 2) through chapter 9's kernels, with the window_size flash-attn gets from transformers
+  (W − 1, W − 1); the mask function passes no mask for a sliding-window layer whose window is the
+  config's sliding_window, and the attention function applies it from the layer's `sliding_window`;
+* no padding, no dropout, no attention sinks, no window or softcap through a static cache: each
+  raises a ValueError that says so instead of returning a wrong answer.
 
 Importing this module imports neither transformers (`register` does) nor touches a GPU.
 """
@@ -88,19 +92,20 @@ def tutorial_flash_attention(
             f"dropout: this tutorial's kernel has no attention dropout, got dropout={dropout}; call model.eval() "
             "for inference, or set config.attention_dropout = 0.0 to train without it"
         )
-    for name in ("softcap", "s_aux", "cu_seq_lens_q", "cu_seq_lens_k"):
+    for name in ("s_aux", "cu_seq_lens_q", "cu_seq_lens_k"):
         if kwargs.get(name) is not None:
-            what = {"softcap": "logit soft-capping", "s_aux": "attention sinks"}.get(name, "packed (varlen) sequences")
+            what = {"s_aux": "attention sinks"}.get(name, "packed (varlen) sequences")
             raise ValueError(f"{name}: this tutorial's kernel does not support {what}, "
                              f"got {name}={kwargs[name]!r}; {_HELP}")
     n_q, n_k = query.shape[2], key.shape[2]
+    # chapter 9's variants, as transformers hands them to flash-attn: a sliding window of W keys that bites
+    # is window_size (W − 1, W − 1) (the causal mask makes the right bound 0); Gemma 2's logit soft-capping
     window = kwargs.get("sliding_window")
+    variants = {}
     if window is not None and n_k > window:
-        raise ValueError(
-            f"sliding_window: the model restricts each query to the last {window} keys, and here there are "
-            f"{n_k} keys, so the window would hide some; this tutorial's kernel computes full causal "
-            f"attention only. Keep prompts within {window} tokens, or use attn_implementation='sdpa' (or 'eager')"
-        )
+        variants["window_size"] = (window - 1, window - 1)
+    if kwargs.get("softcap"):
+        variants["softcap"] = float(kwargs["softcap"])
     is_causal = kwargs.get("is_causal")
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
@@ -114,11 +119,18 @@ def tutorial_flash_attention(
         if training:
             raise ValueError("a static cache is for generation: gradients through it are not supported; train "
                              "without a cache (use_cache=False)")
+        if variants:
+            raise ValueError(f"softcap: logit soft-capping through a static cache is not supported by this tutorial's "
+                             f"kernels (chapter 8's decode kernel has none); use the default (dynamic) cache, or "
+                             f"attn_implementation='sdpa' (or 'eager')")
         out = flash_attention_with_kvcache(query, key, value, cache_seqlens=attention_mask, causal=causal,
                                            sm_scale=scaling)
         return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d): no copy for one new token
     if attention_mask is not None:
         _check_mask_is_redundant(attention_mask, n_q, n_k, causal)
+    if variants:  # chapter 9's kernels, forward and backward
+        out = flash_attention(query, key, value, causal, scaling, **variants)
+        return out.transpose(1, 2).contiguous(), None
     if not training and n_q * (query.shape[1] // key.shape[1]) <= DECODE_ROWS:
         # a decoding step against a growing (dynamic) cache: all n_k keys are the sequence's
         out = flash_attention_with_kvcache(query, key, value, cache_seqlens=n_k, causal=causal, sm_scale=scaling)
@@ -243,11 +255,17 @@ def tutorial_flash_mask(
         # kernel given their count, which is what the attention function receives instead of a mask
         return _static_cache_lengths(q_offset, q_length, batch_size, kwargs.get("device"))
     window_harmless = local_size is not None and kv_length < local_size  # transformers' own test, see sdpa_mask
+    # a sliding-window layer (local_size is the config's sliding_window; chunked attention's is its chunk
+    # size): the attention function applies the window itself, from the sliding_window the layer passes it
+    config = kwargs.get("config")
+    sliding = (local_size is not None and local_size == getattr(config, "sliding_window", None)
+               and not getattr(config, "attention_chunk_size", None))
     if isinstance(q_offset, torch.Tensor):
         q_offset = int(q_offset)
     # the kernel's causal mask is bottom-right aligned: right when the last query is the last key
     aligned = q_offset + q_length == kv_offset + kv_length
-    plain_causal = allow_is_causal_skip and aligned and (mask_function is causal_mask_function or window_harmless)
+    plain_causal = allow_is_causal_skip and aligned and (mask_function is causal_mask_function or window_harmless
+                                                         or sliding)
     plain_full = allow_is_bidirectional_skip and (mask_function is bidirectional_mask_function or window_harmless)
     if whole and (plain_causal or plain_full):
         return None

@@ -17,7 +17,7 @@ from tutorial_kernels.instruments.hbm_model import flash_v1_hbm_bytes, flash_v2_
 from tutorial_kernels.tiling import key_stages
 
 CONCEPTS = ["concept-gpu-hierarchy", "concept-score-tiles", "concept-fa1-vs-fa2-dataflow", "concept-split-k-vs-split-q",
-            "concept-causal-tile-map", "concept-backward-traversals"]
+            "concept-causal-tile-map", "concept-backward-traversals", "concept-window-tiles"]
 # (n_q, n_k) square, either way round, multiples of the tiles or not, and rows that see no key
 LENGTHS = [(1, 1), (1, 70), (70, 1), (64, 64), (40, 130), (130, 40), (100, 257), (200, 300), (300, 200)] + [
     (40, 40 + d) for d in range(-20, 21, 3)]

@@ -169,16 +169,41 @@ def test_dropout_is_refused_with_a_clear_error():
     model(input_ids=token_ids(97, 1, 8, 0), use_cache=False)
 
 
-def test_sliding_window_runs_while_it_hides_nothing_and_is_refused_after():
+def test_a_sliding_window_model_matches_eager_where_the_window_bites():
+    """Mistral's sliding window of 12 over 12 tokens (hides nothing) and over 29 (hides most keys of the
+    late queries): chapter 9's windowed kernels, logits against eager; and greedy generate() with the
+    default cache, tokens identical to eager's."""
     seed = fresh_seed()
     config = MistralConfig(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                            num_attention_heads=4, num_key_value_heads=2, sliding_window=12)
     model = build(config, seed)
-    ids = token_ids(97, 1, 12, seed)  # 12 keys, window 12: every query still sees all its keys
+    for n in (12, 29):
+        ids = token_ids(97, 2, n, seed + n)
+        assert_close(logits_with(model, NAME, input_ids=ids), logits_with(model, "eager", input_ids=ids),
+                     torch.float32, seed=seed, what=f"logits vs eager, {n} tokens")
+    ids = token_ids(97, 1, 15, seed)
+    tokens = {}
+    for impl in (NAME, "eager"):
+        model.set_attn_implementation(impl)
+        with torch.no_grad():
+            tokens[impl] = model.generate(ids, max_new_tokens=6, do_sample=False, min_new_tokens=6)
+    assert torch.equal(tokens[NAME], tokens["eager"]), f"seed={seed}"
+
+
+def test_gemma2s_softcap_and_alternating_windows_match_eager():
+    """Gemma 2's shape: logit soft-capping in every layer, sliding-window layers alternating with global
+    ones, a window that bites; weights drawn large enough (initializer_range) that the scores reach the
+    cap; logits against eager."""
+    from transformers import Gemma2Config
+
+    seed = fresh_seed()
+    config = Gemma2Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=16, sliding_window=8,
+                          attn_logit_softcapping=2.0, query_pre_attn_scalar=16, initializer_range=0.5)
+    model = build(config, seed)
+    ids = token_ids(97, 2, 21, seed)
     assert_close(logits_with(model, NAME, input_ids=ids), logits_with(model, "eager", input_ids=ids),
                  torch.float32, seed=seed, what="logits vs eager")
-    with pytest.raises(ValueError, match=r"sliding_window: .* last 12 keys, and here there are 13 keys"):
-        logits_with(model, NAME, input_ids=token_ids(97, 1, 13, seed))
 
 
 class _Layer(torch.nn.Module):

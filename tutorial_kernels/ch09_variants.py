@@ -1,0 +1,506 @@
+"""Chapter 9 — attention as models use it: sliding windows, softcap, ALiBi, variable lengths.
+
+Each variant is a small change to chapter 5's minimal kernel, and to chapter 6's backward:
+
+* **a window** (Mistral, Gemma 2): query i sees key j when −left ≤ j − (i + n_k − n_q) ≤ right
+  (flash-attn's `window_size=(left, right)`, −1 for no bound; causal is right = 0). The key tiles
+  wholly outside a query tile's band are never visited, so a window of w keys costs O(N·w), not O(N²);
+* **softcap** (Gemma 2): S = c · tanh(τ Q Kᵀ / c) keeps every score within (−c, c); its derivative
+  1 − tanh² scales dS in the backward;
+* **ALiBi** (BLOOM, MPT): a bias −slope_h · |i + n_k − n_q − j| added to the scores, one slope per head;
+* **variable lengths** (packed batches, as `flash_attn_varlen_func`): q, k, v packed as
+  (total tokens, heads, d) with `cu_seqlens` marking where each sequence starts; a program finds its
+  sequence's rows from them, and no padding is computed.
+
+Scores follow flash-attn's own tests: softcap first, then the ALiBi bias, then the mask.
+The calls: `flash_attn_variants(q, k, v, causal, sm_scale, window_size=…, softcap=…, alibi_slopes=…)`
+on (B, H, N, d) tensors and `flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+max_seqlen_k, …)` on packed ones, both differentiable; the front door (`flash_attention`) sends a call
+with a window, a softcap or ALiBi slopes here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.runtime import interpreter_active
+from tutorial_kernels.tiling import head_dim_block
+from tutorial_kernels.validation import check_attention_inputs
+
+
+# --8<-- [start:scores]
+@triton.jit
+def _tanh(x):
+    """tanh x = 1 − 2 / (e^{2x} + 1): ±1 at the extremes, no overflow to NaN."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * 2.8853900817779268) + 1.0)  # e^{2x} = 2^{2x·log₂e}
+
+
+@triton.jit
+def _variant_scores(qk, rows, cols, n_q, n_k, sm_scale, softcap, slope, left, right,
+                    SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr):
+    """The scores of a tile in log₂ units, −∞ where hidden, and dS_capped/dS (1 − tanh², or 1).
+
+    qk: Q_i K_jᵀ of rows × cols of one sequence (n_q queries, n_k keys)."""
+    x = qk * sm_scale  # τ Q Kᵀ
+    if SOFTCAP:
+        t = _tanh(x / softcap)
+        x = softcap * t  # c · tanh(τ Q Kᵀ / c)
+        slope_of_cap = 1.0 - t * t  # d(c tanh(u/c))/du
+    else:
+        slope_of_cap = 1.0
+    distance = cols[None, :] - (rows[:, None] + (n_k - n_q))  # j − (i + n_k − n_q): 0 on the diagonal
+    if ALIBI:
+        x = x - slope * tl.abs(distance).to(tl.float32)  # − slope_h · |i + n_k − n_q − j|
+    seen = (rows[:, None] < n_q) & (cols[None, :] < n_k)
+    if HAS_LEFT:
+        seen = seen & (distance >= -left)
+    if HAS_RIGHT:
+        seen = seen & (distance <= right)
+    return tl.where(seen, x * 1.4426950408889634, float("-inf")), slope_of_cap  # × log₂e
+# --8<-- [end:scores]
+
+
+@triton.jit
+def _sequence(cu_ptr, batch, n_dense, VARLEN: tl.constexpr):
+    """(first token, length) of sequence `batch`: from cu_seqlens when packed, else (0, n_dense)."""
+    if VARLEN:
+        start = tl.load(cu_ptr + batch).to(tl.int64)
+        length = (tl.load(cu_ptr + batch + 1).to(tl.int64) - start).to(tl.int32)
+    else:
+        start = batch * 0  # an int64 zero
+        length = n_dense
+    return start, length
+
+
+@triton.jit
+def _key_range(start_m, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """[lo, hi): the keys the query tile [start_m, start_m + BLOCK_M) may see, lo on a tile boundary."""
+    lo = 0
+    hi = n_k
+    if HAS_LEFT:
+        lo = tl.maximum(start_m + (n_k - n_q) - left, 0) // BLOCK_N * BLOCK_N
+    if HAS_RIGHT:
+        hi = tl.minimum(start_m + BLOCK_M + (n_k - n_q) + right, n_k)
+    return lo, hi
+
+
+@triton.jit
+def _query_range(start_n, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+    """[lo, hi): the queries that may see the key tile [start_n, start_n + BLOCK_N), lo on a tile boundary."""
+    lo = 0
+    hi = n_q
+    if HAS_RIGHT:  # i ≥ j − (n_k − n_q) − right
+        lo = tl.maximum(start_n - (n_k - n_q) - right, 0) // BLOCK_M * BLOCK_M
+    if HAS_LEFT:  # i ≤ j − (n_k − n_q) + left
+        hi = tl.minimum(start_n + BLOCK_N - (n_k - n_q) + left, n_q)
+    return lo, hi
+
+
+# --8<-- [start:forward_kernel]
+@triton.jit
+def _variants_fwd_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_lb, stride_lh, stride_lm, stride_sb, stride_sh,
+    n_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
+    VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Chapter 5's minimal kernel with the variants: one program per query tile of one (sequence, head),
+    over the key tiles of its band only; writes O and the rows' log-sum-exp (natural units)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch, head = pid_bh // n_heads, pid_bh % n_heads
+    kv_head = head // group_size
+    q_start, n_q = _sequence(cu_q_ptr, batch, n_q_dense, VARLEN)
+    k_start, n_k = _sequence(cu_k_ptr, batch, n_k_dense, VARLEN)
+    if pid_m * BLOCK_M >= n_q:  # a packed batch's shorter sequences need fewer query tiles
+        return
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + rows)[:, None] * stride_qm
+                + offs_d[None, :] * stride_qd, mask=(rows[:, None] < n_q) & d_ok[None, :], other=0.0)
+    k_head = k_ptr + batch * stride_kb + kv_head * stride_kh + k_start * stride_kn
+    v_head = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(slopes_ptr + batch * stride_sb + head * stride_sh)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, hi = _key_range(pid_m * BLOCK_M, n_q, n_k, left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):  # only the tiles of the band: the others cost nothing
+        cols = start_n + offs_n
+        k_t = tl.load(k_head + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                      mask=(cols[None, :] < n_k) & d_ok[:, None], other=0.0)
+        s, _ = _variant_scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), rows, cols, n_q, n_k, sm_scale,
+                               softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - shift[:, None])
+        alpha = tl.math.exp2(m_i - shift)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                    mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    seen = l_i > 0.0
+    o = acc / tl.where(seen, l_i, 1.0)[:, None]  # a row with no key in its band: O = 0
+    lse = tl.where(seen, (m_i + tl.math.log2(tl.where(seen, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+    row_ok = rows < n_q
+    tl.store(o_ptr + batch * stride_ob + head * stride_oh + (q_start + rows)[:, None] * stride_om
+             + offs_d[None, :] * stride_od, o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+    tl.store(lse_ptr + batch * stride_lb + head * stride_lh + (q_start + rows) * stride_lm, lse, mask=row_ok)
+# --8<-- [end:forward_kernel]
+
+
+# --8<-- [start:dkdv_kernel]
+@triton.jit
+def _variants_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,  # dO's
+    stride_gb, stride_gh, stride_gn, stride_gd,  # dK's and dV's (allocated alike)
+    stride_lb, stride_lh, stride_lm, stride_sb, stride_sh,
+    n_kv_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
+    VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """Chapter 6's dK/dV kernel with the variants: one program per key tile of one (sequence, KV head),
+    over the query tiles of every head of its group that may see it. P is recomputed from the forward's
+    log-sum-exp; dS = P ∘ (dP − Δ), times 1 − tanh² under a softcap (the bias and the mask carry no gradient)."""
+    pid_n = tl.program_id(0)
+    pid_bk = tl.program_id(1).to(tl.int64)
+    batch, kv_head = pid_bk // n_kv_heads, pid_bk % n_kv_heads
+    q_start, n_q = _sequence(cu_q_ptr, batch, n_q_dense, VARLEN)
+    k_start, n_k = _sequence(cu_k_ptr, batch, n_k_dense, VARLEN)
+    if pid_n * BLOCK_N >= n_k:
+        return
+
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    kv_mask = (cols[:, None] < n_k) & d_ok[None, :]
+    k = tl.load(k_ptr + batch * stride_kb + kv_head * stride_kh + (k_start + cols)[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+    v = tl.load(v_ptr + batch * stride_vb + kv_head * stride_vh + (k_start + cols)[:, None] * stride_vn
+                + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    lo, hi = _query_range(pid_n * BLOCK_N, n_q, n_k, left, right, HAS_LEFT, HAS_RIGHT, BLOCK_N, BLOCK_M)
+    for g in range(0, group_size):  # every query head that reads this K/V head
+        head = kv_head * group_size + g
+        slope = 0.0
+        if ALIBI:
+            slope = tl.load(slopes_ptr + batch * stride_sb + head * stride_sh)
+        for start_m in range(lo, hi, BLOCK_M):
+            rows = start_m + offs_m
+            row_ok = rows < n_q
+            q_mask = row_ok[:, None] & d_ok[None, :]
+            q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + rows)[:, None] * stride_qm
+                        + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+            do = tl.load(do_ptr + batch * stride_ob + head * stride_oh + (q_start + rows)[:, None] * stride_om
+                         + offs_d[None, :] * stride_od, mask=q_mask, other=0.0)
+            row_at = batch * stride_lb + head * stride_lh + (q_start + rows) * stride_lm
+            lse = tl.load(lse_ptr + row_at, mask=row_ok, other=0.0) * 1.4426950408889634  # log₂ units
+            lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row that sees nothing: its P is 0 anyway
+            delta = tl.load(delta_ptr + row_at, mask=row_ok, other=0.0)
+            s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q, n_k,
+                                     sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
+            p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))  # P = e^{S − lse} ≤ 1, as in exact arithmetic
+            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO Vᵀ
+            ds = p * (dp - delta[:, None]) * cap  # dS = P ∘ (dP − Δ), through the softcap
+            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
+    g_at = batch * stride_gb + kv_head * stride_gh + (k_start + cols)[:, None] * stride_gn + offs_d[None, :] * stride_gd
+    tl.store(dk_ptr + g_at, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)  # τ: S = τ Q Kᵀ
+    tl.store(dv_ptr + g_at, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+# --8<-- [end:dkdv_kernel]
+
+
+@triton.jit
+def _variants_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,  # dO's
+    stride_gb, stride_gh, stride_gm, stride_gd,  # dQ's
+    stride_lb, stride_lh, stride_lm, stride_sb, stride_sh,
+    n_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
+    VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+    HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dQ = τ Σ_j dS K_j over the key tiles of the band: one program per query tile of one (sequence, head)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1).to(tl.int64)
+    batch, head = pid_bh // n_heads, pid_bh % n_heads
+    kv_head = head // group_size
+    q_start, n_q = _sequence(cu_q_ptr, batch, n_q_dense, VARLEN)
+    k_start, n_k = _sequence(cu_k_ptr, batch, n_k_dense, VARLEN)
+    if pid_m * BLOCK_M >= n_q:
+        return
+
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    row_ok = rows < n_q
+    q_mask = row_ok[:, None] & d_ok[None, :]
+    q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + rows)[:, None] * stride_qm
+                + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+    do = tl.load(do_ptr + batch * stride_ob + head * stride_oh + (q_start + rows)[:, None] * stride_om
+                 + offs_d[None, :] * stride_od, mask=q_mask, other=0.0)
+    row_at = batch * stride_lb + head * stride_lh + (q_start + rows) * stride_lm
+    lse = tl.load(lse_ptr + row_at, mask=row_ok, other=0.0) * 1.4426950408889634
+    lse = tl.where(lse == float("-inf"), 0.0, lse)
+    delta = tl.load(delta_ptr + row_at, mask=row_ok, other=0.0)
+    slope = 0.0
+    if ALIBI:
+        slope = tl.load(slopes_ptr + batch * stride_sb + head * stride_sh)
+    k_head = k_ptr + batch * stride_kb + kv_head * stride_kh + k_start * stride_kn
+    v_head = v_ptr + batch * stride_vb + kv_head * stride_vh + k_start * stride_vn
+
+    dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    lo, hi = _key_range(pid_m * BLOCK_M, n_q, n_k, left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    for start_n in range(lo, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kv_mask = (cols[:, None] < n_k) & d_ok[None, :]
+        k = tl.load(k_head + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+        v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+        s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q, n_k,
+                                 sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
+        p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
+        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+        ds = p * (dp - delta[:, None]) * cap
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K_j
+    tl.store(dq_ptr + batch * stride_gb + head * stride_gh + (q_start + rows)[:, None] * stride_gm
+             + offs_d[None, :] * stride_gd, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
+
+
+def band(window_size: tuple[int, int], causal: bool) -> tuple[int | None, int | None]:
+    """(left, right) bounds of a query's keys around the diagonal, None where unbounded: the call's
+    arguments as the kernels read them (causal is right = 0)."""
+    left, right = window_size
+    right = 0 if causal else right
+    return (left if left >= 0 else None), (right if right >= 0 else None)
+
+
+def key_range(start_m: int, n_q: int, n_k: int, left: int | None, right: int | None, block_m: int,
+              block_n: int) -> tuple[int, int]:
+    """`_key_range` on the host: [lo, hi) of the keys the query tile at start_m visits (lo on a tile
+    boundary), for pictures and tests."""
+    lo = 0 if left is None else max(start_m + (n_k - n_q) - left, 0) // block_n * block_n
+    hi = n_k if right is None else min(start_m + block_m + (n_k - n_q) + right, n_k)
+    return lo, hi
+
+
+# --- launchers ---------------------------------------------------------------------------------------
+
+def _tiles(head_dim: int) -> dict:
+    """One readable configuration (not tuned): 16 × 16 in the interpreter; on a GPU 64 × 64, halved at
+    head_dim above 128 so the tiles fit in shared memory."""
+    if interpreter_active():
+        return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    block = 64 if head_dim <= 128 else 32
+    return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2)
+
+
+class _Problem:
+    """A checked call: how the kernels address it (dense (B, H, N, d), or packed (tokens, H, d) with
+    cu_seqlens), and the variants' arguments as the kernels take them."""
+
+    def __init__(self, q, k, v, cu_q, cu_k, batch, n_q, n_k, sm_scale, causal, window_size, softcap, alibi_slopes):
+        self.varlen = cu_q is not None
+        self.batch, self.n_q, self.n_k = batch, n_q, n_k
+        self.heads, self.kv_heads, self.head_dim = q.shape[1], k.shape[1], q.shape[-1]  # (tokens, H, d) or (B, H, N, d)
+        self.sm_scale, self.softcap = sm_scale, softcap
+        left, right = window_size
+        right = 0 if causal else right
+        self.left, self.right = max(left, 0), max(right, 0)
+        self.flags = dict(VARLEN=self.varlen, SOFTCAP=softcap > 0, ALIBI=alibi_slopes is not None,
+                          HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, BLOCK_D=head_dim_block(self.head_dim),
+                          DOT_PRECISION=dot_precision(q.dtype))
+        dummy = torch.zeros(2, dtype=torch.int32, device=q.device)
+        self.cu_q = cu_q if cu_q is not None else dummy
+        self.cu_k = cu_k if cu_k is not None else dummy
+        if alibi_slopes is None:
+            self.slopes, self.slope_strides = dummy.float(), (0, 0)
+        elif alibi_slopes.dim() == 1:
+            self.slopes, self.slope_strides = alibi_slopes, (0, alibi_slopes.stride(0))
+        else:
+            self.slopes, self.slope_strides = alibi_slopes, alibi_slopes.stride()
+
+    def strides(self, t: torch.Tensor) -> tuple[int, int, int, int]:
+        """(batch, head, token, column) strides: a packed (tokens, H, d) tensor has no batch stride."""
+        if self.varlen:
+            return 0, t.stride(1), t.stride(0), t.stride(2)
+        return t.stride(0), t.stride(1), t.stride(2), t.stride(3)
+
+    def row_strides(self, rows: torch.Tensor) -> tuple[int, int, int]:
+        """lse and Δ: (B, H, n_q) dense, (H, tokens) packed."""
+        return (0, rows.stride(0), rows.stride(1)) if self.varlen else rows.stride()
+
+    def rows(self, q: torch.Tensor) -> torch.Tensor:
+        shape = (self.heads, q.shape[0]) if self.varlen else q.shape[:3]
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+
+    def scalars(self, heads: int) -> tuple:
+        return (heads, self.heads // self.kv_heads, self.n_q, self.n_k, self.head_dim, self.sm_scale,
+                self.softcap, self.left, self.right)
+
+
+def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    lse = p.rows(q)
+    if out.numel() == 0:
+        return out, lse.fill_(-math.inf)
+    tiles = _tiles(p.head_dim)
+    grid = (triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]), p.batch * p.heads)
+    _variants_fwd_kernel[grid](
+        q, k, v, out, lse, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(out),
+        *p.row_strides(lse), *p.slope_strides, *p.scalars(p.heads), **p.flags, **tiles)
+    return out, lse
+
+
+def _backward(p: _Problem, q, k, v, out, lse, do) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    do = do.contiguous()
+    # Δ_i = Σ_d O_id dO_id (chapter 6), laid out as lse is
+    delta = (out.float() * do.float()).sum(-1)
+    delta = delta.transpose(0, 1).contiguous() if p.varlen else delta
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    if q.numel() == 0 or k.numel() == 0:
+        return dq, dk, dv
+    tiles = _tiles(p.head_dim)
+    common = (*p.row_strides(lse), *p.slope_strides)
+    grid = (triton.cdiv(max(p.n_k, 1), tiles["BLOCK_N"]), p.batch * p.kv_heads)
+    _variants_dkdv_kernel[grid](
+        q, k, v, do, lse, delta, dk, dv, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v),
+        *p.strides(do), *p.strides(dk), *common, *p.scalars(p.kv_heads), **p.flags, **tiles)
+    grid = (triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]), p.batch * p.heads)
+    _variants_dq_kernel[grid](
+        q, k, v, do, lse, delta, dq, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v),
+        *p.strides(do), *p.strides(dq), *common, *p.scalars(p.heads), **p.flags, **tiles)
+    return dq, dk, dv
+
+
+class _VariantAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, problem):
+        out, lse = _forward(problem, q, k, v)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.problem = problem
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, _dlse):
+        return *_backward(ctx.problem, *ctx.saved_tensors, do), None
+
+
+# --- the calls and their checks ----------------------------------------------------------------------
+
+def _check_variants(heads: int, batch: int, device: torch.device, window_size, softcap, alibi_slopes) -> None:
+    """TypeError / ValueError naming the argument for a variant outside the contract."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(type(w) is int and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair (left, right) of ints ≥ −1 (−1: no bound), got {window_size!r}")
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0 or math.isinf(softcap):
+        raise ValueError(f"softcap must be a finite number ≥ 0 (0: none), got {softcap!r}")
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor):
+            raise TypeError(f"alibi_slopes must be a torch.Tensor or None, got {type(alibi_slopes).__name__}")
+        if alibi_slopes.dtype != torch.float32 or alibi_slopes.shape not in ((heads,), (batch, heads)):
+            raise ValueError(f"alibi_slopes must be float32 of shape ({heads},) or ({batch}, {heads}), got "
+                             f"{alibi_slopes.dtype} {tuple(alibi_slopes.shape)}")
+        if alibi_slopes.device != device:
+            raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
+
+
+# --8<-- [start:call]
+def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                        sm_scale: float | None = None, *, window_size: tuple[int, int] = (-1, -1),
+                        softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                        return_lse: bool = False):
+    """softmax(S) V with chapter 9's variants (module docstring), differentiable.
+
+    q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d), H_kv dividing H; 16 ≤ d ≤ 256; float16, bfloat16 or
+    float32; any strides. window_size: (left, right) keys around the bottom-right diagonal, −1 for no
+    bound (causal: right = 0); softcap: c > 0 caps the scores at c · tanh(S / c); alibi_slopes: float32
+    (H,) or (B, H). Returns O (B, H, n_q, d), and with return_lse the rows' log-sum-exp (B, H, n_q)
+    float32 (−∞ for a row that sees no key). Raises TypeError / ValueError naming the argument."""
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, allow_empty=True)
+    _check_variants(shape.heads, shape.batch, q.device, window_size, softcap, alibi_slopes)
+    problem = _Problem(q, k, v, None, None, shape.batch, shape.n_q, shape.n_k, shape.sm_scale, bool(causal),
+                       tuple(window_size), float(softcap), alibi_slopes)
+    out, lse = _VariantAttention.apply(q, k, v, problem)
+    return (out, lse) if return_lse else out
+# --8<-- [end:call]
+
+
+def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                      sm_scale: float | None = None, *, window_size: tuple[int, int] = (-1, -1),
+                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
+    """Attention over a packed batch of sequences of different lengths, as flash-attn's
+    `flash_attn_varlen_func`: sequence b is tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and
+    [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v; no padding is computed. Differentiable.
+
+    q: (total_q, H, d); k, v: (total_k, H_kv, d); cu_seqlens_*: int32 (B + 1,), starting at 0,
+    non-decreasing (checked on the CPU only: reading a GPU tensor would wait for the GPU); max_seqlen_*:
+    the longest sequence (ints, sizing the grid). Variants as `flash_attn_variants`. Returns O
+    (total_q, H, d), and with return_lse the log-sum-exp (H, total_q) float32, flash-attn's layout."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 3:
+            raise ValueError(f"{name} must be a packed (total tokens, heads, head_dim) tensor, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    # the dense checks on a (1, H, tokens, d) view: dtypes, devices, head counts, head_dim, sm_scale
+    shape = check_attention_inputs(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], causal,
+                                   sm_scale, max_head_dim=256, allow_gqa=True, allow_empty=True)
+    for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]), ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+        if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1 or cu.numel() < 1:
+            raise ValueError(f"{name} must be an int32 tensor of shape (batch + 1,), got "
+                             f"{cu.dtype if isinstance(cu, torch.Tensor) else type(cu).__name__} "
+                             f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else ''}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
+        if cu.device.type == "cpu" and (cu[0] != 0 or (cu.diff() < 0).any() or cu[-1] > total):
+            raise ValueError(f"{name} must start at 0, never decrease and end within the {total} tokens, got "
+                             f"{cu.tolist()}")
+    if cu_seqlens_q.numel() != cu_seqlens_k.numel():
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got "
+                         f"{cu_seqlens_q.numel() - 1} and {cu_seqlens_k.numel() - 1}")
+    for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if type(n) is not int or n < 0:
+            raise ValueError(f"{name} must be an int ≥ 0, got {n!r}")
+    batch = cu_seqlens_q.numel() - 1
+    _check_variants(shape.heads, batch, q.device, window_size, softcap, alibi_slopes)
+    problem = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, shape.sm_scale,
+                       bool(causal), tuple(window_size), float(softcap), alibi_slopes)
+    out, lse = _VariantAttention.apply(q, k, v, problem)
+    return (out, lse) if return_lse else out
+
+
+__all__ = ["flash_attn_variants", "flash_attn_varlen", "band", "key_range"]

@@ -1,0 +1,88 @@
+"""Chapter 9's figures (docs/chapters/09-variants.md): attention as models use it.
+
+- `concept-window-tiles`: the tiles of S a sliding window leaves to compute, drawn from the kernel's own
+  bounds (`ch09_variants.key_range`): visited with every pair seen, visited with some pairs hidden, or
+  never visited; a menu picks the window.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from tutorial_kernels.ch09_variants import band, key_range
+from tutorial_kernels.figures.concepts import (
+    GRID, MASKED, NOTE, SKIPPED, UNMASKED, _edges, _span, _ticks, discrete_scale, hover, legend_entry, narrow_diagram)
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.style import SIZES, add_notes, concept_layout
+
+# (label, window_size, causal)
+WINDOWS = [("causal, no window", (-1, -1), True), ("causal, window of 192 keys", (191, -1), True),
+           ("causal, window of 64 keys", (63, -1), True), ("window ±96, not causal", (96, 96), False),
+           ("full attention", (-1, -1), False)]
+STATES = ["all seen", "some hidden", "skipped"]
+
+
+def window_tiles(n: int, window_size: tuple[int, int], causal: bool, block_m: int, block_n: int) -> list[list[str]]:
+    """Per (query tile, key tile): "skipped" outside the kernel's visited range, else "all seen" when every
+    (query, key) pair of the tile is inside the band, "some hidden" when the mask hides some."""
+    left, right = band(window_size, causal)
+    rows = []
+    for start_m in range(0, n, block_m):
+        lo, hi = key_range(start_m, n, n, left, right, block_m, block_n)
+        row = []
+        for start_n in range(0, n, block_n):
+            if start_n + block_n <= lo or start_n >= hi:
+                row.append("skipped")
+                continue
+            seen = [(left is None or j - i >= -left) and (right is None or j - i <= right)
+                    for i in range(start_m, min(start_m + block_m, n)) for j in range(start_n, min(start_n + block_n, n))]
+            row.append("all seen" if all(seen) else "some hidden")
+        rows.append(row)
+    return rows
+
+
+@figure("concept-window-tiles")
+def window_tile_map(n: int = 512, block_m: int = 64, block_n: int = 64) -> go.Figure:
+    """The tiles of S for one sequence of n tokens under each window of WINDOWS (a menu), from the
+    kernel's bounds; the title line counts the tiles computed."""
+    fig = go.Figure()
+    buttons = []
+    tiles = (-(-n // block_m)) * (-(-n // block_n))
+    for k, (label, window_size, causal) in enumerate(WINDOWS):
+        states = window_tiles(n, window_size, causal, block_m, block_n)
+        computed = sum(s != "skipped" for row in states for s in row)
+        about = [[hover(f"Q tile {a} (queries {_span(sm, block_m, n)}) × K/V tile {b} (keys {_span(sn, block_n, n)}): "
+                        + {"all seen": "computed; every query sees every key of it",
+                           "some hidden": "computed; the mask hides the pairs outside the band",
+                           "skipped": "never visited: no query of the tile sees a key of it"}[s])
+                  for b, (sn, s) in enumerate(zip(range(0, n, block_n), row))]
+                 for a, (sm, row) in enumerate(zip(range(0, n, block_m), states))]
+        fig.add_trace(go.Heatmap(
+            z=[[STATES.index(s) for s in row] for row in states], x=_edges(n, block_n), y=_edges(n, block_m),
+            zmin=0, zmax=2, colorscale=discrete_scale([UNMASKED, MASKED, SKIPPED]), showscale=False, xgap=2, ygap=2,
+            customdata=about, hovertemplate="%{customdata}<extra></extra>", visible=k == 0, name=label))
+        visible = [False] * len(WINDOWS) + [True] * 3
+        visible[k] = True
+        buttons.append(dict(method="update", label=f"{label}: {computed} of {tiles} tiles computed",
+                            args=[{"visible": visible}]))
+    for name, colour in zip(["computed, every pair seen", "computed, some pairs hidden", "never visited"],
+                            [UNMASKED, MASKED, SKIPPED]):
+        fig.add_trace(legend_entry(name, colour))
+    fig.update_layout(plot_bgcolor=GRID, updatemenus=[dict(
+        type="dropdown", direction="down", buttons=buttons, active=0, showactive=True, x=0, xanchor="left", y=1,
+        yanchor="bottom", pad=dict(b=10), font=dict(size=NOTE))])
+    add_notes(fig, f"One sequence of {n} tokens, {block_m} × {block_n} tiles; the menu picks the window. Drawn from "
+                   "<code>ch09_variants.key_range</code>, the host form of the kernel's bounds: a program walks only "
+                   "the key tiles of its band, so the work grows with the window, not with the sequence.")
+    narrow_diagram(fig, ticks=True, **{"margin.l": 56})
+    concept_layout(fig, "A sliding window: which tiles of S are computed", (
+        f"A map of the {block_m} × {block_n} tiles of the score matrix of one {n}-token sequence, queries down and "
+        "keys across, for a causal mask with and without a sliding window, a two-sided window and full attention. "
+        "Tiles inside the band are computed, those the band's edge crosses are computed with some pairs masked, "
+        "and tiles outside it are never visited; the menu says how many tiles each choice computes."),
+        height=580, above=40)
+    fig.update_xaxes(showticklabels=True, range=[0, n], tickvals=_ticks(n, block_n, 2),
+                     title=dict(text="key j", font=dict(size=SIZES["axis_title"])))
+    fig.update_yaxes(showticklabels=True, range=[n, 0], tickvals=_ticks(n, block_m),
+                     title=dict(text="query i", font=dict(size=SIZES["axis_title"])))
+    return fig

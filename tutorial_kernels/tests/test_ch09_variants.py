@@ -1,0 +1,218 @@
+"""Chapter 9's variants against the float64 reference, with the peers' rule (2× / 3× PyTorch's own error in
+the same dtype, elementwise maximum): windows (wider than the sequence, of width 0, one-sided), softcap,
+ALiBi, their combinations, GQA, n_q ≠ n_k, rows that see no key, packed batches with sequences of length
+0 and 1; NaN-poisoned outputs are not possible through autograd, so every output and gradient must come
+back finite and within the rule (an unwritten element of a fresh torch.empty is caught by the rule only
+by chance: the kernels are also checked to leave no NaN)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tutorial_kernels.ch09_variants import flash_attn_variants, flash_attn_varlen
+from tutorial_kernels.reference import reference_variant_attention
+from tutorial_kernels.testing import (KERNEL_DTYPES, PEER_GRAD_FACTOR, PEER_OUTPUT_FACTOR, assert_within_peer_rule,
+                                      default_device, fresh_seed, torch_variant_attention_same_dtype)
+
+VARIANTS = {  # name → keywords of the call
+    "window": dict(window_size=(7, 3)),
+    # with n_k − n_q = 16 and the interpreter's 16-key tiles, the band's last row and last key fall on a
+    # tile's first: a range one short would skip that tile
+    "window-edges": dict(window_size=(17, 1)),
+    "window-causal": dict(window_size=(9, -1), causal=True),
+    "left-only": dict(window_size=(5, -1)),
+    "right-only": dict(window_size=(-1, 4)),
+    "width-0": dict(window_size=(0, 0)),
+    "wider-than-sequence": dict(window_size=(500, 500)),
+    "softcap": dict(softcap=2.5),
+    "alibi": dict(alibi="per-head"),
+    "alibi-per-sequence-causal": dict(alibi="per-sequence", causal=True),
+    "all-three-causal": dict(window_size=(6, -1), softcap=3.0, alibi="per-head", causal=True),
+    "causal-more-queries": dict(causal=True, softcap=1.5),  # n_q > n_k below: rows that see no key
+}
+
+
+def _slopes(kind: str | None, batch: int, heads: int, device) -> torch.Tensor | None:
+    if kind is None:
+        return None
+    slopes = torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)], device=device)  # ALiBi's geometric slopes
+    return slopes if kind == "per-head" else slopes[None].repeat(batch, 1) * torch.linspace(0.5, 1.5, batch, device=device)[:, None]
+
+
+def _draw(shape, dtype, seed, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(*shape, generator=g) * scale).to(default_device()).to(dtype)
+
+
+def _check(out, grads, ref64, grads64, base, base_grads, seed, name):
+    assert_within_peer_rule(out, ref64, base, factor=PEER_OUTPUT_FACTOR, seed=seed, what=f"{name} out")
+    for what, g, g64, gb in zip(("dq", "dk", "dv"), grads, grads64, base_grads):
+        assert_within_peer_rule(g, g64, gb, factor=PEER_GRAD_FACTOR, seed=seed, what=f"{name} {what}")
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variants_match_the_reference_forward_and_backward(name, dtype):
+    options = dict(VARIANTS[name])
+    alibi = options.pop("alibi", None)
+    seed = fresh_seed()
+    n_q, n_k = (45, 29) if name == "causal-more-queries" else (37, 53)
+    batch, heads, kv_heads, d = 2, 4, 2, 32
+    q = _draw((batch, heads, n_q, d), dtype, seed)
+    k = _draw((batch, kv_heads, n_k, d), dtype, seed + 1)
+    v = _draw((batch, kv_heads, n_k, d), dtype, seed + 2)
+    do = _draw((batch, heads, n_q, d), dtype, seed + 3)
+    slopes = _slopes(alibi, batch, heads, q.device)
+    options["alibi_slopes"] = slopes
+
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_variants(*leaves, return_lse=True, **options)
+    out.backward(do)
+    grads = [t.grad for t in leaves]
+
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, lse64 = reference_variant_attention(*leaves64, **options)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, **options)
+    base.backward(do)
+    _check(out, grads, ref64.detach(), [t.grad for t in leaves64], base.detach(), [t.grad for t in leaves_b], seed, name)
+    hidden = torch.isinf(lse64)
+    assert torch.equal(torch.isinf(lse.cpu()), hidden.cpu()), f"{name}: rows without a key differ; seed={seed}"
+    assert torch.allclose(lse[~hidden].double(), lse64[~hidden], atol=1e-3, rtol=1e-3), f"{name}: lse; seed={seed}"
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("options", [dict(), dict(causal=True), dict(window_size=(4, 2), softcap=2.0),
+                                     dict(causal=True, alibi="per-sequence")], ids=["full", "causal", "window-softcap",
+                                                                                   "causal-alibi"])
+def test_a_packed_batch_matches_each_sequence_alone(options, dtype):
+    """Sequences of lengths 0 and 1 among longer ones, n_q ≠ n_k per sequence, GQA: each sequence's rows
+    of the packed output and gradients against the reference on that sequence alone."""
+    options = dict(options)
+    alibi = options.pop("alibi", None)
+    seed = fresh_seed()
+    lengths_q, lengths_k = [0, 1, 23, 40, 17], [5, 0, 23, 50, 1]
+    heads, kv_heads, d = 4, 1, 40
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32, device=default_device())
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32, device=default_device())
+    q = _draw((sum(lengths_q), heads, d), dtype, seed)
+    k = _draw((sum(lengths_k), kv_heads, d), dtype, seed + 1)
+    v = _draw((sum(lengths_k), kv_heads, d), dtype, seed + 2)
+    do = _draw((sum(lengths_q), heads, d), dtype, seed + 3)
+    slopes = _slopes(alibi, len(lengths_q), heads, q.device)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_varlen(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), return_lse=True,
+                                 alibi_slopes=slopes, **options)
+    out.backward(do)
+    assert out.shape == q.shape and lse.shape == (heads, q.shape[0])
+    for b, (nq, nk) in enumerate(zip(lengths_q, lengths_k)):
+        qs, ks = slice(cu_q[b].item(), cu_q[b + 1].item()), slice(cu_k[b].item(), cu_k[b + 1].item())
+        dense = [t[s].transpose(0, 1)[None] for t, s in ((q, qs), (k, ks), (v, ks))]
+        per_seq = dict(options, alibi_slopes=None if slopes is None else slopes[b][None])
+        leaves64 = [t.detach().double().requires_grad_() for t in dense]
+        ref64, lse64 = reference_variant_attention(*leaves64, **per_seq)
+        do_b = do[qs].transpose(0, 1)[None]
+        ref64.backward(do_b.double())
+        leaves_b = [t.detach().requires_grad_() for t in dense]
+        base = torch_variant_attention_same_dtype(*leaves_b, **per_seq)
+        base.backward(do_b)
+        got = [out[qs], leaves[0].grad[qs], leaves[1].grad[ks], leaves[2].grad[ks]]
+        got = [t.transpose(0, 1)[None] for t in got]
+        _check(got[0], got[1:], ref64.detach(), [t.grad for t in leaves64], base.detach(),
+               [t.grad for t in leaves_b], seed, f"sequence {b} (n_q {nq}, n_k {nk})")
+        assert torch.equal(torch.isinf(lse[:, qs].cpu()), torch.isinf(lse64[0]).cpu()), f"sequence {b}; seed={seed}"
+
+
+def test_large_logits_through_a_softcap_stay_finite():
+    """Scores of ±10⁴ capped at ±5: the tanh saturates without overflow, in both passes."""
+    q = torch.full((1, 2, 20, 16), 30.0, device=default_device())
+    k = _draw((1, 2, 24, 16), torch.float32, fresh_seed(), scale=30.0)
+    v = _draw((1, 2, 24, 16), torch.float32, fresh_seed())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_variants(*leaves, softcap=5.0)
+    out.sum().backward()
+    ref64, _ = reference_variant_attention(q.double(), k.double(), v.double(), softcap=5.0)
+    assert torch.allclose(out.double(), ref64, atol=1e-4)
+    assert all(torch.isfinite(t.grad).all() for t in leaves)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(window_size=(3,)), "window_size must be a pair"),
+    (dict(window_size=(-2, 0)), "window_size must be a pair"),
+    (dict(window_size=(1.0, 2)), "window_size must be a pair"),
+    (dict(softcap=-1.0), "softcap must be a finite number"),
+    (dict(softcap=math.inf), "softcap must be a finite number"),
+    (dict(softcap=True), "softcap must be a finite number"),
+    (dict(alibi_slopes=[0.5, 0.25]), "alibi_slopes must be a torch.Tensor"),
+    (dict(alibi_slopes=torch.ones(3)), "alibi_slopes must be float32 of shape"),
+    (dict(alibi_slopes=torch.ones(4, dtype=torch.float64)), "alibi_slopes must be float32 of shape"),
+])
+def test_bad_variants_are_refused_by_name(kwargs, message):
+    q = torch.randn(1, 4, 8, 16, device=default_device())
+    if isinstance(kwargs.get("alibi_slopes"), torch.Tensor):
+        kwargs = dict(alibi_slopes=kwargs["alibi_slopes"].to(q.device))
+    with pytest.raises((ValueError, TypeError), match=message):
+        flash_attn_variants(q, q, q, **kwargs)
+
+
+def test_bad_packed_batches_are_refused_by_name():
+    q = torch.randn(10, 2, 16)
+    good = torch.tensor([0, 4, 10], dtype=torch.int32)
+    with pytest.raises(ValueError, match="q must be a packed"):
+        flash_attn_varlen(q[None], q, q, good, good, 6, 6)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be an int32"):
+        flash_attn_varlen(q, q, q, good.long(), good, 6, 6)
+    with pytest.raises(ValueError, match="cu_seqlens_k must start at 0"):
+        flash_attn_varlen(q, q, q, good, torch.tensor([0, 7, 4], dtype=torch.int32), 6, 6)
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0, never decrease and end within the 10"):
+        flash_attn_varlen(q, q, q, torch.tensor([0, 4, 11], dtype=torch.int32), good, 6, 6)
+    with pytest.raises(ValueError, match="as many sequences"):
+        flash_attn_varlen(q, q, q, good, good[:2], 6, 6)
+    with pytest.raises(ValueError, match="max_seqlen_k must be an int"):
+        flash_attn_varlen(q, q, q, good, good, 6, 6.0)
+
+
+def test_the_front_door_takes_the_variants_and_torch_compile_breaks_around_them():
+    """flash_attention(..., window_size=, softcap=, alibi_slopes=) is chapter 9's call, gradients included;
+    flash_attention_varlen is flash_attn_varlen; under torch.compile the call runs eagerly (a graph break)
+    and gives the same answer; `out=` with a variant is refused by name."""
+    import tutorial_kernels
+
+    seed = fresh_seed()
+    q, k, v = (_draw((1, 2, 19, 16), torch.float32, seed + i) for i in range(3))
+    slopes = _slopes("per-head", 1, 2, q.device)
+    options = dict(window_size=(4, 0), softcap=2.0, alibi_slopes=slopes)
+    want = flash_attn_variants(q, k, v, True, **options)
+    assert torch.equal(tutorial_kernels.flash_attention(q, k, v, True, **options), want)
+    compiled = torch.compile(lambda q, k, v: tutorial_kernels.flash_attention(q, k, v, True, **options), backend="eager")
+    assert torch.equal(compiled(q, k, v), want)
+    with pytest.raises(ValueError, match="out: a call with window_size"):
+        tutorial_kernels.flash_attention(q, k, v, True, out=torch.empty_like(q), softcap=1.0)
+    cu = torch.tensor([0, 19], dtype=torch.int32, device=q.device)
+    packed = [t[0].transpose(0, 1) for t in (q, k, v)]
+    got = tutorial_kernels.flash_attention_varlen(*packed, cu, cu, 19, 19, True, **options)
+    assert torch.equal(got, want[0].transpose(0, 1))
+
+
+@pytest.mark.parametrize("window_size, causal", [((-1, -1), True), ((5, -1), True), ((0, 0), False), ((7, 3), False),
+                                                 ((-1, 4), False), ((30, 30), False), ((9, 2), True)])
+def test_the_host_band_holds_every_seen_key_and_at_most_a_tile_more(window_size, causal):
+    """`key_range`, the kernels' bounds on the host (drawn by the chapter's figure): every key a query of
+    the tile sees lies in [lo, hi), and the range is at most one tile wider than the keys seen."""
+    from tutorial_kernels.ch09_variants import band, key_range
+    from tutorial_kernels.reference import variant_mask
+
+    left, right = band(window_size, causal)
+    for n_q, n_k in ((40, 40), (37, 53), (53, 37), (5, 70)):
+        seen = variant_mask(n_q, n_k, window_size, causal)
+        for block_m, block_n in ((16, 16), (16, 32), (32, 16)):
+            for start_m in range(0, n_q, block_m):
+                lo, hi = key_range(start_m, n_q, n_k, left, right, block_m, block_n)
+                cols = seen[start_m:start_m + block_m].any(dim=0).nonzero().flatten().tolist()
+                if cols:
+                    assert lo <= cols[0] and cols[-1] < hi, (n_q, n_k, start_m, lo, hi, cols[0], cols[-1])
+                    assert hi - lo <= cols[-1] - cols[0] + 1 + block_n
