@@ -14,7 +14,10 @@ Which kernel runs (`kernel_for`):
 * the backward: on a Hopper GPU where chapter 7's backward applies and is the faster
   (`ch07_hopper_backward.preferred_over_triton`), its Gluon kernel, unless
   `torch.use_deterministic_algorithms(True)` asks for reproducible gradients (its dQ is summed with
-  atomic additions); elsewhere chapter 6's kernels, autotuned on a GPU.
+  atomic additions); elsewhere chapter 6's kernels, autotuned on a GPU;
+* a call with a sliding window, a softcap or ALiBi slopes, and `flash_attention_varlen`'s packed
+  batches: chapter 9's kernels, forward and backward (one readable configuration, not tuned), run
+  eagerly (under torch.compile the graph breaks around them).
 
 Both calls are `torch.library` custom operators (`tutorial_kernels::attention_into`, `::attention_fwd`,
 `::attention_bwd`) with fake implementations for shapes and an autograd formula, so that

@@ -144,12 +144,16 @@ def reference_variant_scores(q: torch.Tensor, k: torch.Tensor, sm_scale: float |
         s = softcap * torch.tanh(s / softcap)
     n_q, n_k = s.shape[-2:]
     if alibi_slopes is not None:
-        rows = torch.arange(n_q, device=q.device)[:, None]
-        cols = torch.arange(n_k, device=q.device)[None, :]
-        distance = (rows + (n_k - n_q) - cols).abs().double()
-        slopes = alibi_slopes.double().reshape(-1 if alibi_slopes.dim() == 2 else 1, q.shape[1], 1, 1)
-        s = s - slopes * distance
+        s = s + alibi_bias(alibi_slopes, q.shape[1], n_q, n_k, torch.float64)
     return s.masked_fill(~variant_mask(n_q, n_k, window_size, causal, q.device), -math.inf)
+
+
+def alibi_bias(alibi_slopes: torch.Tensor, heads: int, n_q: int, n_k: int, dtype: torch.dtype) -> torch.Tensor:
+    """ALiBi's bias −slope_h · |i + n_k − n_q − j| in `dtype`, (B or 1, H, n_q, n_k), from slopes (H,) or (B, H)."""
+    rows = torch.arange(n_q, device=alibi_slopes.device)[:, None]
+    cols = torch.arange(n_k, device=alibi_slopes.device)[None, :]
+    distance = (rows + (n_k - n_q) - cols).abs().to(dtype)
+    return -alibi_slopes.to(dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, heads, 1, 1) * distance
 
 
 def reference_variant_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,

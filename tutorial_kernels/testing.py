@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from tutorial_kernels.inputs import AttentionInputs, fresh_seed, random_qkv  # noqa: F401  (re-exported for tests)
-from tutorial_kernels.reference import (causal_mask, expand_kv_heads, reference_attention, relative_error,
-                                       variant_mask)
+from tutorial_kernels.reference import (alibi_bias, causal_mask, expand_kv_heads, reference_attention,
+                                       relative_error, variant_mask)
 from tutorial_kernels.runtime import default_device, interpreter_active
 from tutorial_kernels.tolerances import (PEER_ABS_TOL, PEER_GRAD_FACTOR,  # noqa: F401  (re-exported for tests)
                                          PEER_OUTPUT_FACTOR, grad_tolerance, tolerance)
@@ -113,10 +113,7 @@ def torch_variant_attention_same_dtype(q: torch.Tensor, k: torch.Tensor, v: torc
         s = softcap * torch.tanh(s / softcap)
     n_q, n_k = s.shape[-2:]
     if alibi_slopes is not None:
-        rows = torch.arange(n_q, device=q.device)[:, None]
-        cols = torch.arange(n_k, device=q.device)[None, :]
-        distance = (rows + (n_k - n_q) - cols).abs().to(q.dtype)
-        s = s - alibi_slopes.to(q.dtype).reshape(-1 if alibi_slopes.dim() == 2 else 1, heads, 1, 1) * distance
+        s = s + alibi_bias(alibi_slopes, heads, n_q, n_k, q.dtype)
     visible = variant_mask(n_q, n_k, window_size, causal, q.device)
     blind = ~visible.any(dim=-1, keepdim=True)
     p = torch.softmax(s.masked_fill(~visible & ~blind, -math.inf), dim=-1).masked_fill(blind, 0.0)
