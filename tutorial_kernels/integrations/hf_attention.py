@@ -29,8 +29,10 @@ refuses rather than computing something else:
   (Gemma 2) through chapter 9's kernels, with the window_size flash-attn gets from transformers
   (W − 1, W − 1); the mask function passes no mask for a sliding-window layer whose window is the
   config's sliding_window, and the attention function applies it from the layer's `sliding_window`;
-* no padding, no dropout, no attention sinks, no window or softcap through a static cache: each
-  raises a ValueError that says so instead of returning a wrong answer.
+* padded batches (left or right padding, training or generate()) through chapter 9's packed kernel:
+  the real tokens are gathered end to end, as transformers' own FlashAttention-2 path does;
+* no dropout, no attention sinks, no padding, window or softcap through a static cache: each raises
+  a ValueError that says so instead of returning a wrong answer.
 
 Importing this module imports neither transformers (`register` does) nor touches a GPU.
 """
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import torch
 
-from tutorial_kernels.attention import flash_attention, flash_attention_with_kvcache
+from tutorial_kernels.attention import flash_attention, flash_attention_varlen, flash_attention_with_kvcache
 
 # Not "tutorial_flash": transformers 5 reads any implementation name containing "flash" as a request
 # for the flash-attn package (`is_flash_attention_requested`) and tries to import it from the Hub.
@@ -75,10 +77,11 @@ def tutorial_flash_attention(
     (n_q = 1) sees every cached key, as it must.
 
     `attention_mask` is None when the model needs no mask (`tutorial_flash_mask` sees to that for
-    causal and unpadded inputs), or, for a static cache, the (B,) int32 count of each sequence's keys in
-    the fixed-size buffers (also `tutorial_flash_mask`'s). A mask that arrives anyway is accepted only if
-    it hides nothing the kernel would not hide; anything else (padding, a packed batch, an additive
-    bias) raises a ValueError.
+    causal and unpadded inputs); for a static cache, the (B,) int32 count of each sequence's keys in
+    the fixed-size buffers; for a padded batch, the (B, n_k) boolean mask of real tokens, which runs
+    unpadded through `flash_attention_varlen` (padded queries get 0). A 4-D mask that arrives anyway
+    is accepted only if it hides nothing the kernel would not hide; anything else (a packed batch, an
+    additive bias) raises a ValueError.
 
     Which kernel: at inference, a call of at most DECODE_ROWS rows (n_q × H / H_kv: a decoding step)
     and every call against a static cache go to `tutorial_kernels.flash_attention_with_kvcache`
@@ -126,6 +129,8 @@ def tutorial_flash_attention(
         out = flash_attention_with_kvcache(query, key, value, cache_seqlens=attention_mask, causal=causal,
                                            sm_scale=scaling)
         return out.transpose(1, 2).contiguous(), None  # (B, n_q, H, d): no copy for one new token
+    if attention_mask is not None and attention_mask.dim() == 2:
+        return _unpadded(query, key, value, attention_mask, causal, scaling, variants), None
     if attention_mask is not None:
         _check_mask_is_redundant(attention_mask, n_q, n_k, causal)
     if variants:  # chapter 9's kernels, forward and backward
@@ -154,6 +159,25 @@ def tutorial_flash_attention(
     flash_attention(query, key, value, causal, scaling, out=out.transpose(1, 2))
     return out, None
 # --8<-- [end:attention_forward]
+
+
+def _unpadded(query, key, value, tokens: torch.Tensor, causal: bool, scaling, variants: dict) -> torch.Tensor:
+    """A padded batch through chapter 9's packed kernel: `tokens` (B, n_k) marks each sequence's real
+    keys (True); its queries are the last n_q positions. The real tokens are gathered end to end, run
+    with per-sequence lengths (`flash_attention_varlen`, differentiable), and scattered back; a padded
+    query's output is 0, as in transformers' FlashAttention-2 path. Reading the lengths waits for the GPU."""
+    batch, heads, n_q, head_dim = query.shape
+    q_tokens = tokens[:, tokens.shape[1] - n_q:]
+    lengths_q, lengths_k = q_tokens.sum(1), tokens.sum(1)
+    cu_q = torch.nn.functional.pad(lengths_q.cumsum(0), (1, 0)).to(torch.int32)
+    cu_k = torch.nn.functional.pad(lengths_k.cumsum(0), (1, 0)).to(torch.int32)
+    q = query.transpose(1, 2)[q_tokens]  # (total_q, H, d)
+    k, v = key.transpose(1, 2)[tokens], value.transpose(1, 2)[tokens]  # (total_k, H_kv, d)
+    packed = flash_attention_varlen(q, k, v, cu_q, cu_k, int(lengths_q.max()), int(lengths_k.max()), causal, scaling,
+                                    **variants)
+    out = packed.new_zeros(batch, n_q, heads, head_dim)
+    out[q_tokens] = packed
+    return out
 
 
 def _check_mask_is_redundant(mask: torch.Tensor, n_q: int, n_k: int, causal: bool) -> None:
@@ -220,7 +244,8 @@ def tutorial_flash_mask(
     (B,) int32 count of each sequence's keys, q_offset + q_length, computed on the GPU where q_offset
     is a tensor (no wait for the device, no graph break under torch.compile).
 
-    A 2-D padding mask that hides a token raises here, once per forward. Patterns the kernel cannot
+    A 2-D padding mask that hides a token is returned as the (B, kv_length) mask of real tokens (the
+    attention function unpads with it); with a static cache it raises. Patterns the kernel cannot
     produce (packed sequences, a sliding window that bites, masks the model asked to be materialised)
     are built as transformers builds them for SDPA, and `tutorial_flash_attention` then refuses them,
     or runs if they turn out to hide nothing more.
@@ -232,18 +257,22 @@ def tutorial_flash_mask(
         # lengths this function returned already: generate() prepares a static cache's mask before the
         # forward (prepare_inputs_for_generation), and the model hands it back here
         return attention_mask
+    static = isinstance(q_offset, torch.Tensor) or q_offset + q_length < kv_length
     if attention_mask is not None:
         seen = attention_mask[:, kv_offset : kv_offset + kv_length]
-        if not bool(seen.all()):
-            pads = int((~seen.bool()).sum())
-            raise ValueError(
-                f"attention_mask: this tutorial's kernel does not support padding, and the 2-D attention_mask "
-                f"marks {pads} of {seen.numel()} positions as padding (0); {_HELP}"
-            )
         whole = attention_mask.shape[-1] >= kv_offset + kv_length  # shorter: a static cache's empty slots follow
+        if not bool(seen.all()):
+            if static or not whole or not (mask_function is causal_mask_function or local_size is not None):
+                pads = int((~seen.bool()).sum())
+                raise ValueError(
+                    f"attention_mask: this tutorial's kernels take padding with the default (dynamic) cache, not "
+                    f"with a static cache's buffers or a mask the model reshapes; the 2-D attention_mask marks "
+                    f"{pads} of {seen.numel()} positions as padding (0); {_HELP}")
+            # a padded batch: the attention function unpads it into chapter 9's packed (varlen) kernel, as
+            # transformers' own FlashAttention-2 path does; it gets the (B, n_k) mask of the real tokens
+            return seen.bool()
     else:
         whole = True
-    static = isinstance(q_offset, torch.Tensor) or q_offset + q_length < kv_length
     # allow_is_causal_skip=False is transformers' own for a compileable cache's one-token step; otherwise
     # the model asks for a mask it will change (Falcon adds ALiBi to it), which lengths cannot carry
     asked_for_a_mask = not allow_is_causal_skip and not (q_length == 1 and isinstance(q_offset, torch.Tensor))
