@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.precision import dot_precision
+from tutorial_kernels.precision import dot_precision, full_float32_tiles
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.tiling import head_dim_block
 from tutorial_kernels.validation import check_attention_inputs
@@ -119,8 +119,8 @@ def _variants_fwd_kernel(
 ):
     """Chapter 5's minimal kernel with the variants: one program per query tile of one (sequence, head),
     over the key tiles of its band only; writes O and the rows' log-sum-exp (natural units)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, head) on the x axis: any number of them
+    pid_m = tl.program_id(1)
     batch, head = pid_bh // n_heads, pid_bh % n_heads
     kv_head = head // group_size
     q_start, n_q = _sequence(cu_q_ptr, batch, n_q_dense, VARLEN)
@@ -129,7 +129,7 @@ def _variants_fwd_kernel(
         return
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)  # × a token stride: a long packed batch passes 2³¹ elements
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
     q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + rows)[:, None] * stride_qm
@@ -188,8 +188,8 @@ def _variants_dkdv_kernel(
     """Chapter 6's dK/dV kernel with the variants: one program per key tile of one (sequence, KV head),
     over the query tiles of every head of its group that may see it. P is recomputed from the forward's
     log-sum-exp; dS = P ∘ (dP − Δ), times 1 − tanh² under a softcap (the bias and the mask carry no gradient)."""
-    pid_n = tl.program_id(0)
-    pid_bk = tl.program_id(1).to(tl.int64)
+    pid_bk = tl.program_id(0).to(tl.int64)
+    pid_n = tl.program_id(1)
     batch, kv_head = pid_bk // n_kv_heads, pid_bk % n_kv_heads
     q_start, n_q = _sequence(cu_q_ptr, batch, n_q_dense, VARLEN)
     k_start, n_k = _sequence(cu_k_ptr, batch, n_k_dense, VARLEN)
@@ -253,8 +253,8 @@ def _variants_dq_kernel(
     DOT_PRECISION: tl.constexpr,
 ):
     """dQ = τ Σ_j dS K_j over the key tiles of the band: one program per query tile of one (sequence, head)."""
-    pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1).to(tl.int64)
+    pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, head) on the x axis: any number of them
+    pid_m = tl.program_id(1)
     batch, head = pid_bh // n_heads, pid_bh % n_heads
     kv_head = head // group_size
     q_start, n_q = _sequence(cu_q_ptr, batch, n_q_dense, VARLEN)
@@ -263,7 +263,7 @@ def _variants_dq_kernel(
         return
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
+    offs_n = tl.arange(0, BLOCK_N).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     d_ok = offs_d < head_dim
     row_ok = rows < n_q
@@ -318,11 +318,14 @@ def key_range(start_m: int, n_q: int, n_k: int, left: int | None, right: int | N
 
 # --- launchers ---------------------------------------------------------------------------------------
 
-def _tiles(head_dim: int) -> dict:
+def _tiles(head_dim: int, dtype: torch.dtype) -> dict:
     """One readable configuration (not tuned): 16 × 16 in the interpreter; on a GPU 64 × 64, halved at
-    head_dim above 128 so the tiles fit in shared memory."""
+    head_dim above 128 so the tiles fit in shared memory; float32 as chapter 5 runs it
+    (`precision.full_float32_tiles`: its three-pass products need three times the operands' room)."""
     if interpreter_active():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    if dtype == torch.float32:
+        return full_float32_tiles(head_dim)
     block = 64 if head_dim <= 128 else 32
     return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2)
 
@@ -372,12 +375,16 @@ class _Problem:
 
 
 def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
-    out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    # a packed batch's rows start as 0 and −∞: what a max_seqlen too small for some sequence (not
+    # checked on the GPU, where reading cu_seqlens would wait for it) leaves, never uninitialised memory
+    out = (torch.zeros_like if p.varlen else torch.empty_like)(q, memory_format=torch.contiguous_format)
     lse = p.rows(q)
+    if p.varlen:
+        lse.fill_(-math.inf)
     if out.numel() == 0:
         return out, lse.fill_(-math.inf)
-    tiles = _tiles(p.head_dim)
-    grid = (triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]), p.batch * p.heads)
+    tiles = _tiles(p.head_dim, q.dtype)
+    grid = (p.batch * p.heads, triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]))
     _variants_fwd_kernel[grid](
         q, k, v, out, lse, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(out),
         *p.row_strides(lse), *p.slope_strides, *p.scalars(p.heads), **p.flags, **tiles)
@@ -392,17 +399,28 @@ def _backward(p: _Problem, q, k, v, out, lse, do) -> tuple[torch.Tensor, torch.T
     dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     if q.numel() == 0 or k.numel() == 0:
         return dq, dk, dv
-    tiles = _tiles(p.head_dim)
+    tiles = _tiles(p.head_dim, q.dtype)
     common = (*p.row_strides(lse), *p.slope_strides)
-    grid = (triton.cdiv(max(p.n_k, 1), tiles["BLOCK_N"]), p.batch * p.kv_heads)
+    grid = (p.batch * p.kv_heads, triton.cdiv(max(p.n_k, 1), tiles["BLOCK_N"]))
     _variants_dkdv_kernel[grid](
         q, k, v, do, lse, delta, dk, dv, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v),
         *p.strides(do), *p.strides(dk), *common, *p.scalars(p.kv_heads), **p.flags, **tiles)
-    grid = (triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]), p.batch * p.heads)
+    grid = (p.batch * p.heads, triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]))
     _variants_dq_kernel[grid](
         q, k, v, do, lse, delta, dq, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v),
         *p.strides(do), *p.strides(dq), *common, *p.scalars(p.heads), **p.flags, **tiles)
     return dq, dk, dv
+
+
+MAX_TILES = 65535  # programs along a grid's y axis, where the kernels put a sequence's tiles
+
+
+def _check_grid(n_q: int, n_k: int, head_dim: int, dtype: torch.dtype) -> None:
+    tiles = _tiles(head_dim, dtype)
+    longest = max(n_q, n_k)
+    if max(triton.cdiv(n_q, tiles["BLOCK_M"]), triton.cdiv(n_k, tiles["BLOCK_N"])) > MAX_TILES:
+        raise ValueError(f"q, k: a sequence of {longest} tokens is more than one launch runs in tiles of "
+                         f"{tiles['BLOCK_M']} ({MAX_TILES} tiles)")
 
 
 class _VariantAttention(torch.autograd.Function):
@@ -453,6 +471,7 @@ def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     float32 (−∞ for a row that sees no key). Raises TypeError / ValueError naming the argument."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, allow_empty=True)
     _check_variants(shape.heads, shape.batch, q.device, window_size, softcap, alibi_slopes)
+    _check_grid(shape.n_q, shape.n_k, shape.head_dim, q.dtype)
     problem = _Problem(q, k, v, None, None, shape.batch, shape.n_q, shape.n_k, shape.sm_scale, bool(causal),
                        tuple(window_size), float(softcap), alibi_slopes)
     out, lse = _VariantAttention.apply(q, k, v, problem)
@@ -468,9 +487,10 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     `flash_attn_varlen_func`: sequence b is tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and
     [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k and v; no padding is computed. Differentiable.
 
-    q: (total_q, H, d); k, v: (total_k, H_kv, d); cu_seqlens_*: int32 (B + 1,), starting at 0,
-    non-decreasing (checked on the CPU only: reading a GPU tensor would wait for the GPU); max_seqlen_*:
-    the longest sequence (ints, sizing the grid). Variants as `flash_attn_variants`. Returns O
+    q: (total_q, H, d); k, v: (total_k, H_kv, d); cu_seqlens_*: int32 (B + 1,), from 0, non-decreasing,
+    ending at total_*; max_seqlen_*: at least the longest sequence (ints, sizing the grid). Both checked
+    on the CPU only (reading a GPU tensor would wait for the GPU); on a GPU a too-small max_seqlen
+    leaves the rows it misses at 0 (lse −∞). Variants as `flash_attn_variants`. Returns O
     (total_q, H, d), and with return_lse the log-sum-exp (H, total_q) float32, flash-attn's layout."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 3:
@@ -486,8 +506,8 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
                              f"{tuple(cu.shape) if isinstance(cu, torch.Tensor) else ''}")
         if cu.device != q.device:
             raise ValueError(f"{name} must be on q's device {q.device}, got {cu.device}")
-        if cu.device.type == "cpu" and (cu[0] != 0 or (cu.diff() < 0).any() or cu[-1] > total):
-            raise ValueError(f"{name} must start at 0, never decrease and end within the {total} tokens, got "
+        if cu.device.type == "cpu" and (cu[0] != 0 or (cu.diff() < 0).any() or cu[-1] != total):
+            raise ValueError(f"{name} must start at 0, never decrease and end at the {total} tokens, got "
                              f"{cu.tolist()}")
     if cu_seqlens_q.numel() != cu_seqlens_k.numel():
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must describe as many sequences, got "
@@ -495,8 +515,12 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     for name, n in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if type(n) is not int or n < 0:
             raise ValueError(f"{name} must be an int ≥ 0, got {n!r}")
+    for name, cu, n in (("max_seqlen_q", cu_seqlens_q, max_seqlen_q), ("max_seqlen_k", cu_seqlens_k, max_seqlen_k)):
+        if cu.device.type == "cpu" and cu.numel() > 1 and int(cu.diff().max()) > n:
+            raise ValueError(f"{name} must be at least the longest sequence, {int(cu.diff().max())}, got {n}")
     batch = cu_seqlens_q.numel() - 1
     _check_variants(shape.heads, batch, q.device, window_size, softcap, alibi_slopes)
+    _check_grid(max_seqlen_q, max_seqlen_k, shape.head_dim, q.dtype)
     problem = _Problem(q, k, v, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, shape.sm_scale,
                        bool(causal), tuple(window_size), float(softcap), alibi_slopes)
     out, lse = _VariantAttention.apply(q, k, v, problem)

@@ -11,15 +11,14 @@ import plotly.graph_objects as go
 
 from tutorial_kernels.ch09_variants import band, key_range
 from tutorial_kernels.figures.concepts import (
-    GRID, MASKED, NOTE, SKIPPED, UNMASKED, _edges, _span, _ticks, discrete_scale, hover, legend_entry, narrow_diagram)
+    GRID, MASKED, NOTE, SKIPPED, UNMASKED, discrete_scale, hover, legend_entry, narrow_diagram, tile_edges, tile_span,
+    tile_ticks)
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.style import SIZES, add_notes, concept_layout
-
 # (label, window_size, causal)
-WINDOWS = [("causal, no window", (-1, -1), True), ("causal, window of 192 keys", (191, -1), True),
-           ("causal, window of 64 keys", (63, -1), True), ("window ±96, not causal", (96, 96), False),
-           ("full attention", (-1, -1), False)]
-STATES = ["all seen", "some hidden", "skipped"]
+WINDOWS = [("causal", (-1, -1), True), ("causal, window 192", (191, -1), True),
+           ("causal, window 64", (63, -1), True), ("±96, not causal", (96, 96), False), ("full", (-1, -1), False)]
+WINDOW_STATES = ["all seen", "some hidden", "skipped"]
 
 
 def window_tiles(n: int, window_size: tuple[int, int], causal: bool, block_m: int, block_n: int) -> list[list[str]]:
@@ -51,19 +50,21 @@ def window_tile_map(n: int = 512, block_m: int = 64, block_n: int = 64) -> go.Fi
     for k, (label, window_size, causal) in enumerate(WINDOWS):
         states = window_tiles(n, window_size, causal, block_m, block_n)
         computed = sum(s != "skipped" for row in states for s in row)
-        about = [[hover(f"Q tile {a} (queries {_span(sm, block_m, n)}) × K/V tile {b} (keys {_span(sn, block_n, n)}): "
+        about = [[hover(f"Q tile {a} (queries {tile_span(sm, block_m, n)}) × K/V tile {b} "
+                        f"(keys {tile_span(sn, block_n, n)}): "
                         + {"all seen": "computed; every query sees every key of it",
                            "some hidden": "computed; the mask hides the pairs outside the band",
                            "skipped": "never visited: no query of the tile sees a key of it"}[s])
                   for b, (sn, s) in enumerate(zip(range(0, n, block_n), row))]
                  for a, (sm, row) in enumerate(zip(range(0, n, block_m), states))]
         fig.add_trace(go.Heatmap(
-            z=[[STATES.index(s) for s in row] for row in states], x=_edges(n, block_n), y=_edges(n, block_m),
+            z=[[WINDOW_STATES.index(s) for s in row] for row in states], x=tile_edges(n, block_n),
+            y=tile_edges(n, block_m),
             zmin=0, zmax=2, colorscale=discrete_scale([UNMASKED, MASKED, SKIPPED]), showscale=False, xgap=2, ygap=2,
             customdata=about, hovertemplate="%{customdata}<extra></extra>", visible=k == 0, name=label))
         visible = [False] * len(WINDOWS) + [True] * 3
         visible[k] = True
-        buttons.append(dict(method="update", label=f"{label}: {computed} of {tiles} tiles computed",
+        buttons.append(dict(method="update", label=f"{label} ({computed}/{tiles} tiles)",
                             args=[{"visible": visible}]))
     for name, colour in zip(["computed, every pair seen", "computed, some pairs hidden", "never visited"],
                             [UNMASKED, MASKED, SKIPPED]):
@@ -81,8 +82,8 @@ def window_tile_map(n: int = 512, block_m: int = 64, block_n: int = 64) -> go.Fi
         "Tiles inside the band are computed, those the band's edge crosses are computed with some pairs masked, "
         "and tiles outside it are never visited; the menu says how many tiles each choice computes."),
         height=580, above=40)
-    fig.update_xaxes(showticklabels=True, range=[0, n], tickvals=_ticks(n, block_n, 2),
+    fig.update_xaxes(showticklabels=True, range=[0, n], tickvals=tile_ticks(n, block_n, 2),
                      title=dict(text="key j", font=dict(size=SIZES["axis_title"])))
-    fig.update_yaxes(showticklabels=True, range=[n, 0], tickvals=_ticks(n, block_m),
+    fig.update_yaxes(showticklabels=True, range=[n, 0], tickvals=tile_ticks(n, block_m),
                      title=dict(text="query i", font=dict(size=SIZES["axis_title"])))
     return fig

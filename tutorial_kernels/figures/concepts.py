@@ -11,6 +11,7 @@ GPU's sizes from chapter 1's device record. Every box and tile says what it is o
 - `concept-split-k-vs-split-q` (chapter 5): how the 4 warps of a program share a tile;
 - `concept-causal-tile-map` (chapter 5): unmasked, masked and skipped tiles for a few (N_q, N_k);
 - `concept-backward-traversals` (chapter 6): the dK/dV and dQ kernels' walks over S (a slider).
+Chapter 9's tile map, drawn with the same tiles, is in `ch09`.
 """
 
 from __future__ import annotations
@@ -486,16 +487,16 @@ def dq_visits(start_m: int, n_q: int, n_k: int, block_m: int, block_n: int) -> l
     return [(n, False) for n in range(0, unmasked_end, block_n)] + [(n, True) for n in range(unmasked_end, masked_end, block_n)]
 
 
-def _edges(n: int, block: int) -> list[int]:
+def tile_edges(n: int, block: int) -> list[int]:
     return [*range(0, n, block), n]
 
 
-def _ticks(n: int, block: int, every: int = 1) -> list[int]:
+def tile_ticks(n: int, block: int, every: int = 1) -> list[int]:
     """Tick values at every `every`-th tile edge and at n, none crowding n (a ragged last tile)."""
     return [t for t in range(0, n, block * every) if n - t >= block * every * 0.6] + [n]
 
 
-def _span(start: int, block: int, n: int) -> str:
+def tile_span(start: int, block: int, n: int) -> str:
     return f"{start}–{min(start + block, n) - 1}"
 
 
@@ -520,7 +521,7 @@ def tile_map_trace(n_q: int, n_k: int, block_m: int, block_n: int, *, stages=Non
     """A heatmap of the tiles of S in element units (a ragged last tile drawn narrower), coloured by stage."""
     stages = stages or causal_tile_stages(n_q, n_k, block_m, block_n)
     z = [[STAGE_NAMES.index(s) for s in row] for row in stages]
-    return go.Heatmap(z=z, x=_edges(n_k, block_n), y=_edges(n_q, block_m), zmin=0, zmax=2,
+    return go.Heatmap(z=z, x=tile_edges(n_k, block_n), y=tile_edges(n_q, block_m), zmin=0, zmax=2,
                       colorscale=discrete_scale(STAGE_COLOURS), showscale=False, xgap=2, ygap=2, customdata=about,
                       text=text, texttemplate="%{text}" if text else None, textfont=dict(size=NOTE),
                       hovertemplate="%{customdata}<extra></extra>", **trace)
@@ -538,7 +539,7 @@ def causal_tile_map(pairs: list[tuple[int, int]] = CAUSAL_PAIRS, block_m: int = 
     per_pair = 2
     for k, (n_q, n_k) in enumerate(pairs):
         stages = causal_tile_stages(n_q, n_k, block_m, block_n)
-        about = [[hover(f"Q tile {a} (queries {_span(sm, block_m, n_q)}) × K/V tile {b} (keys {_span(sn, block_n, n_k)}): "
+        about = [[hover(f"Q tile {a} (queries {tile_span(sm, block_m, n_q)}) × K/V tile {b} (keys {tile_span(sn, block_n, n_k)}): "
                         + {"unmasked": "stage 1, ", "masked": "stage 2, ", "skipped": "never visited: "}[s]
                         + _why(s, sm, sn, n_q, n_k, block_m, block_n))
                   for b, (sn, s) in enumerate(zip(range(0, n_k, block_n), row))]
@@ -557,8 +558,8 @@ def causal_tile_map(pairs: list[tuple[int, int]] = CAUSAL_PAIRS, block_m: int = 
         visible[per_pair * k:per_pair * k + per_pair] = [True] * per_pair
         buttons.append(dict(method="update", label=f"N<sub>q</sub> × N<sub>k</sub> = {n_q} × {n_k}", args=[
             {"visible": visible},
-            {"xaxis.range": [0, n_k], "yaxis.range": [n_q, 0], "xaxis.tickvals": _ticks(n_k, block_n, 2),
-             "yaxis.tickvals": _ticks(n_q, block_m)}]))
+            {"xaxis.range": [0, n_k], "yaxis.range": [n_q, 0], "xaxis.tickvals": tile_ticks(n_k, block_n, 2),
+             "yaxis.tickvals": tile_ticks(n_q, block_m)}]))
     for name, colour in zip(["stage 1: no mask", "stage 2: masked", "never visited"], [UNMASKED, MASKED, SKIPPED]):
         fig.add_trace(legend_entry(name, colour))
     n_q, n_k = pairs[0]
@@ -575,9 +576,9 @@ def causal_tile_map(pairs: list[tuple[int, int]] = CAUSAL_PAIRS, block_m: int = 
         "across. Tiles wholly under the diagonal run in stage 1 without a mask, tiles the diagonal crosses (or that "
         "run past the last key) run in stage 2 with the mask, and tiles wholly above it are never visited. Buttons "
         "switch between square and non-square lengths, some not multiples of the tile."), height=580, above=40)
-    fig.update_xaxes(showticklabels=True, range=[0, n_k], tickvals=_ticks(n_k, block_n, 2),
+    fig.update_xaxes(showticklabels=True, range=[0, n_k], tickvals=tile_ticks(n_k, block_n, 2),
                      title=dict(text="key j", font=dict(size=SIZES["axis_title"])))
-    fig.update_yaxes(showticklabels=True, range=[n_q, 0], tickvals=_ticks(n_q, block_m),
+    fig.update_yaxes(showticklabels=True, range=[n_q, 0], tickvals=tile_ticks(n_q, block_m),
                      title=dict(text="query i", font=dict(size=SIZES["axis_title"])))
     return fig
 
@@ -622,8 +623,8 @@ def backward_traversals(n: int = 256, block_m: int = 32, block_n: int = 64) -> g
             about.append(line)
         fig.add_trace(tile_map_trace(n, n, block_m, block_n, stages=stages, text=step, about=about,
                                      name="dK/dV steps" if kernel == "dkdv" else "dQ steps"), row=1, col=col)
-        fig.update_xaxes(range=[0, n], tickvals=_ticks(n, block_n), row=1, col=col)
-        fig.update_yaxes(range=[n, 0], tickvals=_ticks(n, block_m, 2), row=1, col=col)
+        fig.update_xaxes(range=[0, n], tickvals=tile_ticks(n, block_n), row=1, col=col)
+        fig.update_yaxes(range=[n, 0], tickvals=tile_ticks(n, block_m, 2), row=1, col=col)
     for name, colour in zip(["no mask", "masked", "skipped"], [UNMASKED, MASKED, SKIPPED]):
         fig.add_trace(legend_entry(name, colour))
     fig.update_layout(plot_bgcolor=GRID)

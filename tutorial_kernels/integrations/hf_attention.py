@@ -27,8 +27,8 @@ refuses rather than computing something else:
   attention function those lengths instead of a mask (`tutorial_flash_mask`);
 * a sliding window that cuts keys off (Mistral, Gemma 2's local layers) and logit soft-capping
   (Gemma 2) through chapter 9's kernels, with the window_size flash-attn gets from transformers
-  (W − 1, W − 1); the mask function passes no mask for a sliding-window layer whose window is the
-  config's sliding_window, and the attention function applies it from the layer's `sliding_window`;
+  (W − 1, W − 1); for a sliding-window layer the mask function hands over the window's width instead of
+  a mask, so the window holds even for layers that do not pass `sliding_window` themselves;
 * padded batches (left or right padding, training or generate()) through chapter 9's packed kernel:
   the real tokens are gathered end to end, as transformers' own FlashAttention-2 path does;
 * no dropout, no attention sinks, no padding, window or softcap through a static cache: each raises
@@ -78,8 +78,9 @@ def tutorial_flash_attention(
 
     `attention_mask` is None when the model needs no mask (`tutorial_flash_mask` sees to that for
     causal and unpadded inputs); for a static cache, the (B,) int32 count of each sequence's keys in
-    the fixed-size buffers; for a padded batch, the (B, n_k) boolean mask of real tokens, which runs
-    unpadded through `flash_attention_varlen` (padded queries get 0). A 4-D mask that arrives anyway
+    the fixed-size buffers; for a sliding-window layer whose window bites, a 0-d tensor, its width; for a
+    padded batch, the (B, n_k) mask of real tokens (boolean, or the window's width at every real token of
+    a sliding-window layer), which runs unpadded through `flash_attention_varlen` (padded queries get 0). A 4-D mask that arrives anyway
     is accepted only if it hides nothing the kernel would not hide; anything else (a packed batch, an
     additive bias) raises a ValueError.
 
@@ -104,6 +105,11 @@ def tutorial_flash_attention(
     # chapter 9's variants, as transformers hands them to flash-attn: a sliding window of W keys that bites
     # is window_size (W − 1, W − 1) (the causal mask makes the right bound 0); Gemma 2's logit soft-capping
     window = kwargs.get("sliding_window")
+    if attention_mask is not None and attention_mask.dim() == 0:  # `tutorial_flash_mask`'s sliding window
+        window, attention_mask = int(attention_mask), None
+    elif attention_mask is not None and attention_mask.dim() == 2 and attention_mask.dtype != torch.bool:
+        window = int(attention_mask.max()) or window  # a padded sliding-window layer: the width at real tokens
+        attention_mask = attention_mask > 0
     variants = {}
     if window is not None and n_k > window:
         variants["window_size"] = (window - 1, window - 1)
@@ -258,19 +264,24 @@ def tutorial_flash_mask(
         # forward (prepare_inputs_for_generation), and the model hands it back here
         return attention_mask
     static = isinstance(q_offset, torch.Tensor) or q_offset + q_length < kv_length
+    # a sliding-window layer: local_size is the config's sliding_window (chunked attention's is its chunk size)
+    config = kwargs.get("config")
+    sliding = (local_size is not None and local_size == getattr(config, "sliding_window", None)
+               and not getattr(config, "attention_chunk_size", None))
     if attention_mask is not None:
         seen = attention_mask[:, kv_offset : kv_offset + kv_length]
         whole = attention_mask.shape[-1] >= kv_offset + kv_length  # shorter: a static cache's empty slots follow
         if not bool(seen.all()):
-            if static or not whole or not (mask_function is causal_mask_function or local_size is not None):
+            if static or not whole or not (mask_function is causal_mask_function or sliding):
                 pads = int((~seen.bool()).sum())
                 raise ValueError(
                     f"attention_mask: this tutorial's kernels take padding with the default (dynamic) cache, not "
                     f"with a static cache's buffers or a mask the model reshapes; the 2-D attention_mask marks "
                     f"{pads} of {seen.numel()} positions as padding (0); {_HELP}")
             # a padded batch: the attention function unpads it into chapter 9's packed (varlen) kernel, as
-            # transformers' own FlashAttention-2 path does; it gets the (B, n_k) mask of the real tokens
-            return seen.bool()
+            # transformers' own FlashAttention-2 path does. It gets the (B, n_k) mask of the real tokens:
+            # booleans, or for a sliding-window layer the window's width at every real token
+            return seen.int() * local_size if sliding else seen.bool()
     else:
         whole = True
     # allow_is_causal_skip=False is transformers' own for a compileable cache's one-token step; otherwise
@@ -284,17 +295,15 @@ def tutorial_flash_mask(
         # kernel given their count, which is what the attention function receives instead of a mask
         return _static_cache_lengths(q_offset, q_length, batch_size, kwargs.get("device"))
     window_harmless = local_size is not None and kv_length < local_size  # transformers' own test, see sdpa_mask
-    # a sliding-window layer (local_size is the config's sliding_window; chunked attention's is its chunk
-    # size): the attention function applies the window itself, from the sliding_window the layer passes it
-    config = kwargs.get("config")
-    sliding = (local_size is not None and local_size == getattr(config, "sliding_window", None)
-               and not getattr(config, "attention_chunk_size", None))
     if isinstance(q_offset, torch.Tensor):
         q_offset = int(q_offset)
     # the kernel's causal mask is bottom-right aligned: right when the last query is the last key
     aligned = q_offset + q_length == kv_offset + kv_length
-    plain_causal = allow_is_causal_skip and aligned and (mask_function is causal_mask_function or window_harmless
-                                                         or sliding)
+    if sliding and whole and aligned and allow_is_causal_skip and not window_harmless:
+        # a window that bites: a 0-d tensor, the window's width, which the attention function applies
+        # itself (chapter 9's kernel skips the tiles outside it), whether or not the layer passes it too
+        return torch.tensor(local_size)
+    plain_causal = allow_is_causal_skip and aligned and (mask_function is causal_mask_function or window_harmless)
     plain_full = allow_is_bidirectional_skip and (mask_function is bidirectional_mask_function or window_harmless)
     if whole and (plain_causal or plain_full):
         return None

@@ -36,6 +36,7 @@ from tutorial_kernels.ch04_flash_v1 import flash_attn_v1
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_minimal, flash_attn_v2_tuned
 from tutorial_kernels.ch07_hopper import HEAD_DIMS as HOPPER_HEAD_DIMS
 from tutorial_kernels.ch07_hopper import flash_attn_hopper
+from tutorial_kernels.ch09_variants import flash_attn_variants
 from tutorial_kernels.attention import flash_attention as front_door
 from tutorial_kernels.ch06_backward import flash_attention
 from tutorial_kernels.reference import expand_kv_heads, reference_attention, reference_scores, reference_softmax
@@ -212,6 +213,10 @@ IMPLEMENTATIONS = [
     Implementation("flash_attention_tuned", functools.partial(flash_attention, tuned=True), max_head_dim=256,
                    head_dims=BACKWARD_HEAD_DIMS, gqa=True, out=NO_OUT, differentiable=True, cases=_tuned_cases,
                    grad_cases=_tuned_backward_cases),
+    # chapter 9: the variants' kernels with no variant asked for, forward and backward (the variants
+    # themselves: tests/test_ch09_variants.py); no out=
+    Implementation("flash_attn_variants", flash_attn_variants, max_head_dim=256, head_dims=(16, 59, 80, 256),
+                   gqa=True, out=NO_OUT, differentiable=True, empty_sequences=True, grad_cases=_backward_cases),
     # the front door (tutorial_kernels.flash_attention): whichever kernel it picks, forward and backward
     Implementation("front_door", front_door, max_head_dim=256, head_dims=BACKWARD_HEAD_DIMS, gqa=True,
                    out=DENSE_OUT, differentiable=True, empty_sequences=True, cases=_tuned_cases,

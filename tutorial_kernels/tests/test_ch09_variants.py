@@ -135,9 +135,12 @@ def test_large_logits_through_a_softcap_stay_finite():
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
     out = flash_attn_variants(*leaves, softcap=5.0)
     out.sum().backward()
-    ref64, _ = reference_variant_attention(q.double(), k.double(), v.double(), softcap=5.0)
+    exact = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, _ = reference_variant_attention(*exact, softcap=5.0)
+    ref64.sum().backward()
     assert torch.allclose(out.double(), ref64, atol=1e-4)
-    assert all(torch.isfinite(t.grad).all() for t in leaves)
+    for got, want in zip((t.grad for t in leaves), (t.grad for t in exact)):
+        assert torch.isfinite(got).all() and torch.allclose(got.double(), want, atol=1e-4)
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -168,10 +171,14 @@ def test_bad_packed_batches_are_refused_by_name():
         flash_attn_varlen(q, q, q, good.long(), good, 6, 6)
     with pytest.raises(ValueError, match="cu_seqlens_k must start at 0"):
         flash_attn_varlen(q, q, q, good, torch.tensor([0, 7, 4], dtype=torch.int32), 6, 6)
-    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0, never decrease and end within the 10"):
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0, never decrease and end at the 10"):
         flash_attn_varlen(q, q, q, torch.tensor([0, 4, 11], dtype=torch.int32), good, 6, 6)
+    with pytest.raises(ValueError, match="cu_seqlens_q must start at 0, never decrease and end at the 10"):
+        flash_attn_varlen(q, q, q, torch.tensor([0, 4, 9], dtype=torch.int32), good, 6, 6)
+    with pytest.raises(ValueError, match="max_seqlen_q must be at least the longest sequence, 6, got 5"):
+        flash_attn_varlen(q, q, q, good, good, 5, 6)
     with pytest.raises(ValueError, match="as many sequences"):
-        flash_attn_varlen(q, q, q, good, good[:2], 6, 6)
+        flash_attn_varlen(q, q, q, good, torch.tensor([0, 10], dtype=torch.int32), 6, 10)
     with pytest.raises(ValueError, match="max_seqlen_k must be an int"):
         flash_attn_varlen(q, q, q, good, good, 6, 6.0)
 

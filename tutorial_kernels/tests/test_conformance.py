@@ -297,7 +297,8 @@ def test_every_public_attention_function_is_registered():
 def _is_attention_function(name: str) -> bool:
     """The public `fn(q, k, v, causal, sm_scale)` functions: their names end in `attention`, or start with
     `flash_attn` (chapters 4 and 5), except the variants that return more than the output (`_with_*`)
-    and the backward passes (`flash_attn_backward`, `flash_attn_hopper_backward`: gradients, not O)."""
+    and the backward passes (`flash_attn_backward`, `flash_attn_hopper_backward`: gradients, not O), and
+    the packed-batch calls (`*_varlen`: (tokens, H, d) inputs and cu_seqlens, tested in their chapter's tests)."""
     return (name.endswith("attention") or name.startswith("flash_attn")) and "_with_" not in name \
-        and not name.endswith("_backward")
+        and not name.endswith(("_backward", "_varlen"))
 

@@ -255,6 +255,38 @@ def _qkv(n_q: int, n_k: int, seed: int):
     return q, k, v
 
 
+def test_the_mask_function_carries_a_sliding_window_to_layers_that_do_not_pass_it():
+    """Some models build a sliding-window mask but call the attention function without `sliding_window`
+    (PhiMoE, Qwen2-MoE): the mask function hands over the window's width (a 0-d tensor, or the width at
+    every real token of a padded batch), so the window is applied all the same; chunked attention's
+    local size is not taken for a window."""
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    from tutorial_kernels.reference import reference_variant_attention
+
+    config = MistralConfig(sliding_window=6)
+    marker = tutorial_flash_mask(1, 20, 20, mask_function=sliding_window_causal_mask_function(6), local_size=6,
+                                 config=config)
+    assert marker.dim() == 0 and int(marker) == 6
+    q, k, v = _qkv(20, 20, 3)
+    out, _ = tutorial_flash_attention(_Layer(), q, k, v, marker)  # no sliding_window keyword
+    want, _ = reference_variant_attention(q, k, v, causal=True, window_size=(5, 5))
+    assert torch.allclose(out.transpose(1, 2).double(), want, atol=1e-5)
+    padded = torch.ones(1, 20, dtype=torch.long, device=DEVICE)
+    padded[0, :2] = 0
+    widths = tutorial_flash_mask(1, 20, 20, mask_function=sliding_window_causal_mask_function(6), local_size=6,
+                                 config=config, attention_mask=padded)
+    assert widths.shape == (1, 20) and widths.tolist()[0] == [0, 0] + [6] * 18
+    out, _ = tutorial_flash_attention(_Layer(), q, k, v, widths)
+    want, _ = reference_variant_attention(q[:, :, 2:], k[:, :, 2:], v[:, :, 2:], causal=True, window_size=(5, 5))
+    assert torch.allclose(out.transpose(1, 2)[:, :, 2:].double(), want, atol=1e-5)
+    chunked = LlamaConfig(sliding_window=None)
+    chunked.attention_chunk_size = 6
+    with pytest.raises(ValueError, match="take padding with the default"):
+        tutorial_flash_mask(1, 20, 20, mask_function=sliding_window_causal_mask_function(6), local_size=6,
+                            config=chunked, attention_mask=padded)
+
+
 def test_a_mask_that_hides_nothing_more_than_causal_is_accepted():
     q, k, v = _qkv(5, 9, 1)
     plain, _ = tutorial_flash_attention(_Layer(), q, k, v, None)
