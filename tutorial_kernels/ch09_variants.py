@@ -77,6 +77,7 @@ def _sequence(cu_ptr, batch, n_dense, VARLEN: tl.constexpr):
     return start, length
 
 
+# --8<-- [start:ranges]
 @triton.jit
 def _key_range(start_m, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
@@ -101,6 +102,7 @@ def _query_range(start_n, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIG
     if HAS_LEFT:  # i ≤ j − (n_k − n_q) + left
         hi = tl.minimum(start_n + BLOCK_N - (n_k - n_q) + left, n_q)
     return lo, hi
+# --8<-- [end:ranges]
 
 
 # --8<-- [start:forward_kernel]
