@@ -16,8 +16,10 @@ text:
   reader cannot tell from them (say "random state" or "initialisation");
 - a duration in microseconds or milliseconds: "12 µs", "3.4 ms", "0.5 us" (times belong in figures
   and tables drawn from data/, and in BENCHMARKS.md);
-- run history named anywhere on a line, inline code included: `BENCHMARKS.md`, `experiments/…`, `data/logs`.
-  A page links to the one page that keeps that record, `HISTORY_PAGE`, which this rule leaves alone.
+- run history named anywhere on a line, inline code included: `BENCHMARKS.md`, `experiments/…`, `data/logs`,
+  on every page: none of them is on the site, so each is a dead end for a reader. A page links to the one
+  page that says how its numbers were obtained, which names committed data files (their provenance names
+  the command) and says in words where the rest of the record is kept.
 
 Justified exceptions go in tests/docs_lint_allow.txt, one per line:
 
@@ -66,7 +68,6 @@ RULES: dict[str, re.Pattern] = {
 CODE_RULES: dict[str, re.Pattern] = {
     "run history": re.compile(r"(?i:\bBENCHMARKS\.md\b)|(?<![\w/.-])experiments/|\bdata/logs\b"),
 }
-HISTORY_PAGE = "docs/how-the-numbers-were-obtained.md"  # where the record is kept, on purpose
 
 FENCE = re.compile(r"^[ \t>]*(?P<fence>`{3,}|~{3,})")
 SNIPPET_LINE = re.compile(r"^[ \t]*-{1,2}8<-{1,2}")
@@ -129,9 +130,7 @@ def prose_lines(markdown: str, keep_code_spans: bool = False) -> list[str]:
 def check_markdown(markdown: str, page: str, where_prefix: str = "") -> list[Finding]:
     findings = []
     originals = markdown.split("\n")
-    passes = [(prose_lines(markdown), RULES)]
-    if page != HISTORY_PAGE:
-        passes.append((prose_lines(markdown, keep_code_spans=True), CODE_RULES))
+    passes = [(prose_lines(markdown), RULES), (prose_lines(markdown, keep_code_spans=True), CODE_RULES)]
     for lines, rules in passes:
         for number, line in enumerate(lines, start=1):
             for rule, pattern in rules.items():
@@ -293,10 +292,10 @@ def test_every_rule_is_planted():
     assert {rule for _, rule, _ in EXPECTED} == set(RULES) | set(CODE_RULES)
 
 
-def test_the_history_page_may_name_the_record():
+def test_no_page_may_name_the_record_not_even_the_page_of_record():
     line = "The runs are in `BENCHMARKS.md` and `experiments/2026-11-22_x/`."
-    assert not check_markdown(line, HISTORY_PAGE)
-    assert [f.text for f in check_markdown(line, "docs/other.md")] == ["BENCHMARKS.md", "experiments/"]
+    for page in ("docs/how-the-numbers-were-obtained.md", "docs/other.md"):
+        assert [f.text for f in check_markdown(line, page)] == ["BENCHMARKS.md", "experiments/"]
 
 
 def test_a_notebook_is_checked_cell_by_cell_and_its_code_is_not():
@@ -344,7 +343,7 @@ def test_no_page_carries_the_diary():
     message = []
     if left:
         message.append(f"{len(left)} finding(s) in the pages' prose (move run history to BENCHMARKS.md and link "
-                       f"{HISTORY_PAGE}, name sources instead of 'the seed', let figures carry the times; or, if justified, add "
+                       "docs/how-the-numbers-were-obtained.md (committed data files only), name sources instead of 'the seed', let figures carry the times; or, if justified, add "
                        f"'PAGE :: TEXT # REASON' to {ALLOW_FILE.relative_to(ROOT)}):")
         message += [f"  {f}" for f in left]
     if unused:
