@@ -322,8 +322,9 @@ def key_range(start_m: int, n_q: int, n_k: int, left: int | None, right: int | N
 
 def _tiles(head_dim: int, dtype: torch.dtype) -> dict:
     """One readable configuration (not tuned): 16 × 16 in the interpreter; on a GPU 64 × 64, halved at
-    head_dim above 128 so the tiles fit in shared memory; float32 as chapter 5 runs it
-    (`precision.full_float32_tiles`: its three-pass products need three times the operands' room)."""
+    head_dim above 128 so the tiles fit in shared memory; float32, in either matmul precision, on
+    `precision.full_float32_tiles` (its operands take twice a 16-bit tile's room, and its three-pass
+    products more: the backward's 64-row tiles would not fit)."""
     if interpreter_active():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if dtype == torch.float32:

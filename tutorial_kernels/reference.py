@@ -23,9 +23,7 @@ import torch
 
 def causal_mask(n_q: int, n_k: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """Boolean (n_q, n_k) mask, True where query i may attend to key j: j ≤ i + (n_k − n_q)."""
-    rows = torch.arange(n_q, device=device)[:, None]
-    cols = torch.arange(n_k, device=device)[None, :]
-    return cols <= rows + (n_k - n_q)
+    return variant_mask(n_q, n_k, causal=True, device=device)
 
 
 def expand_kv_heads(t: torch.Tensor, heads: int) -> torch.Tensor:

@@ -94,11 +94,16 @@ def torch_attention_same_dtype(
         visible = torch.arange(n_k, device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None]  # j ≤ i
     else:
         raise ValueError(f"alignment must be 'bottom-right' or 'top-left', got {alignment!r}")
+    return _softmax_where_seen(s, visible) @ expand_kv_heads(v, heads)
+
+
+def _softmax_where_seen(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
+    """Row softmax of s over the keys `visible` (n_q, n_k) lets each query see, in s's dtype.
+
+    Softmax over a row of −∞ is NaN, and NaN in the backward too (0 · NaN): a row that sees no key keeps
+    finite scores through the softmax and gets P = 0 after it, so its output and gradients are exact zeros."""
     blind = ~visible.any(dim=-1, keepdim=True)  # (n_q, 1): queries that see no key
-    # softmax over a row of −∞ is NaN, and NaN in the backward too (0 · NaN): such a row keeps finite
-    # scores through the softmax and gets P = 0 after it, so its output and gradients are exact zeros
-    p = torch.softmax(s.masked_fill(~visible & ~blind, -math.inf), dim=-1).masked_fill(blind, 0.0)
-    return p @ expand_kv_heads(v, heads)
+    return torch.softmax(s.masked_fill(~visible & ~blind, -math.inf), dim=-1).masked_fill(blind, 0.0)
 
 
 def torch_variant_attention_same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
@@ -114,10 +119,7 @@ def torch_variant_attention_same_dtype(q: torch.Tensor, k: torch.Tensor, v: torc
     n_q, n_k = s.shape[-2:]
     if alibi_slopes is not None:
         s = s + alibi_bias(alibi_slopes, heads, n_q, n_k, q.dtype)
-    visible = variant_mask(n_q, n_k, window_size, causal, q.device)
-    blind = ~visible.any(dim=-1, keepdim=True)
-    p = torch.softmax(s.masked_fill(~visible & ~blind, -math.inf), dim=-1).masked_fill(blind, 0.0)
-    return p @ expand_kv_heads(v, heads)
+    return _softmax_where_seen(s, variant_mask(n_q, n_k, window_size, causal, q.device)) @ expand_kv_heads(v, heads)
 
 
 def max_abs_error(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, tuple[int, ...]]:
