@@ -300,6 +300,35 @@ def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu
                 window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes, return_lse=return_lse)
 
 
+def flash_attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
+                            sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The front door's training forward without autograd: (O (B, H, n_q, d), lse (B, H, n_q) float32,
+    log Σ_j e^{S_ij}, −∞ for a query that sees no key), for callers that combine partial results by
+    their log-sum-exp (chapter 10's ring) and run `flash_attention_backward` themselves. Inputs as
+    `flash_attention`'s (without the variants); raises TypeError / ValueError naming the argument."""
+    scale = _checked_scale(q, k, v, causal, sm_scale, None, training=False)
+    return _train_forward(q, k, v, bool(causal), scale)
+
+
+def flash_attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                             lse: torch.Tensor, causal: bool = False,
+                             sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of O = softmax(sm_scale · Q Kᵀ) V for the rows' given O and log-sum-exp — which may
+    be those of a larger problem that this (q, k, v) is one block of: then dQ is this block's share and
+    Δ = rowsum(dO ∘ O) the whole row's, as the ring's backward needs. dO, O: q's shape; lse: (B, H, n_q)
+    float32. dK, dV have k's shape (summed over each group of query heads). Raises ValueError naming the
+    argument."""
+    scale = _checked_scale(q, k, v, causal, sm_scale, None, training=False)
+    for name, t, shape in (("do", do, q.shape), ("o", o, q.shape), ("lse", lse, q.shape[:3])):
+        if not isinstance(t, torch.Tensor) or t.shape != shape:
+            raise ValueError(f"{name} must be a tensor of shape {tuple(shape)}, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if do.dtype != q.dtype or o.dtype != q.dtype or lse.dtype != torch.float32:
+        raise ValueError(f"do and o must have q's dtype {q.dtype} and lse float32, got {do.dtype}, {o.dtype}, "
+                         f"{lse.dtype}")
+    return _train_backward(do, q, k, v, o, lse, bool(causal), scale)
+
+
 def _eagerly(fn):
     """`fn` as torch.compile runs it: outside the graph (torch.compiler.disable, made when first
     compiled: the decorator imports torch's compiler, seconds that an eager process need not pay)."""
@@ -432,4 +461,4 @@ def flash_attention_with_kvcache(
 
 
 __all__ = ["flash_attention", "scaled_dot_product_attention", "flash_attention_with_kvcache", "flash_attention_varlen",
-           "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]
+           "flash_attention_forward", "flash_attention_backward", "kernel_for", "backward_kernel_for", "MAX_HEAD_DIM"]

@@ -3,11 +3,12 @@
 Layers, bottom to top (README, "Layout"); a module imports only from its own layer or below:
 
     leaves        runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling, precision,
-                  turns
+                  turns, ranks
     perf          perf.*: remembered launches, the tile table and autotuning choices, descriptor scratch
     chapters      ch01 … ch06 and ch07_hopper: kernels and their launchers (a chapter builds on earlier ones)
     api           attention: the front door (flash_attention, scaled_dot_product_attention), which picks a kernel;
                   tuning: autotuning as an explicit step (tune, the tile table's build)
+    parallel      ch10_context_parallel: one sequence across several GPUs, built on the front door's calls
     uses          instruments.* (timelines, byte models, sweeps), integrations.* (Hugging Face, GPT, prefill)
                   and labs.* (the learner's labs and their grader)
     bench         bench.*: the benchmark harness
@@ -24,9 +25,9 @@ from pathlib import Path
 import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent
-LAYERS = ["leaves", "perf", "chapters", "api", "uses", "bench", "figures", "top"]
+LAYERS = ["leaves", "perf", "chapters", "api", "parallel", "uses", "bench", "figures", "top"]
 LEAVES = {"runtime", "paths", "reference", "validation", "inputs", "tolerances", "provenance", "recorder", "tiling",
-          "precision", "turns"}
+          "precision", "turns", "ranks"}
 MAX_LINES = 700  # a chapter module may be longer when its kernel is
 
 
@@ -61,6 +62,8 @@ def layer(module: str) -> str:
         return "uses"
     if top.startswith("ch0"):
         return "chapters"
+    if module == "ch10_context_parallel":
+        return "parallel"
     raise AssertionError(f"tutorial_kernels.{module} belongs to no layer: add it to test_architecture.py")
 
 
