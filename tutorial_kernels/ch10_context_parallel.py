@@ -365,5 +365,26 @@ def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
     return call(q, k, v, causal, sm_scale, group=group, seq_len=seq_len)
 
 
+def sharded_versus_whole(rank: int, world: int, seq_len: int, heads: int = 4, kv_heads: int = 2, head_dim: int = 32,
+                         causal: bool = True, method: str = "ring", seed: int = 0,
+                         dtype: torch.dtype = torch.float32) -> dict[str, float]:
+    """Run on every rank of a group (`ranks.run_ranks`): draws the same whole (1, heads, seq_len, head_dim)
+    inputs everywhere, runs `method` on this rank's shards forward and backward, gathers the results and
+    returns the largest |difference| of O, dQ, dK, dV from the one-device front door's on the whole sequence."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, do = (torch.randn(1, h, seq_len, head_dim, generator=g).to(device, dtype)
+                   for h in (heads, kv_heads, kv_heads, heads))
+    whole = [t.clone().requires_grad_() for t in (q, k, v)]
+    expected = flash_attention(*whole, causal)
+    expected.backward(do)
+    local = [shard_sequence(t).requires_grad_() for t in (q, k, v)]
+    out = context_parallel_attention(*local, causal, seq_len=seq_len, method=method)
+    out.backward(shard_sequence(do))
+    got = [unshard_sequence(t.detach(), seq_len) for t in (out, *(x.grad for x in local))]
+    return {name: (a.double() - b.double()).abs().max().item()
+            for name, a, b in zip(("out", "dq", "dk", "dv"), got, (expected.detach(), *(t.grad for t in whole)))}
+
+
 __all__ = ["ring_attention", "ulysses_attention", "context_parallel_attention", "shard_sequence", "unshard_sequence",
-           "zigzag_chunks", "zigzag_positions", "merge_partials", "ring_blocks"]
+           "zigzag_chunks", "zigzag_positions", "merge_partials", "ring_blocks", "sharded_versus_whole"]

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from tutorial_kernels.attention import flash_attention, flash_attention_forward
-from tutorial_kernels.ch10_context_parallel import (ring_attention, ring_blocks, shard_sequence, ulysses_attention,
-                                                    unshard_sequence, zigzag_chunks)
+from tutorial_kernels.ch10_context_parallel import (ring_attention, ring_blocks, sharded_versus_whole, ulysses_attention,
+                                                    zigzag_chunks)
 from tutorial_kernels.paths import data_dir
 from tutorial_kernels.ranks import run_ranks
 
@@ -123,70 +123,68 @@ def _ring_parts(n: int, world: int, rank: int, iters: int) -> dict:
 
 def _check(world: int, rank: int) -> dict:
     """Largest |difference| of ring's and Ulysses' output and gradients from the one-GPU front door's."""
-    g = torch.Generator(device="cuda").manual_seed(11)
-    whole = [torch.randn(BATCH, HEADS, CHECK_N, HEAD_DIM, device="cuda", generator=g, dtype=torch.bfloat16)
-             for _ in range(4)]
-    leaves = [t.clone().requires_grad_() for t in whole[:3]]
-    ref = flash_attention(*leaves, True)
-    ref.backward(whole[3])
-    expected = [ref.detach(), *(t.grad for t in leaves)]
-    found = {}
-    for name, call in (("ring", ring_attention), ("ulysses", ulysses_attention)):
-        local = [shard_sequence(t).requires_grad_() for t in whole[:3]]
-        out = call(*local, True)
-        out.backward(shard_sequence(whole[3]))
-        got = [unshard_sequence(t.detach(), CHECK_N) for t in (out, *(x.grad for x in local))]
-        found[name] = {what: (a.float() - b.float()).abs().max().item()
-                       for what, a, b in zip(("out", "dq", "dk", "dv"), got, expected)}
-    return found
+    return {method: sharded_versus_whole(rank, world, CHECK_N, HEADS, HEADS, HEAD_DIM, True, method, seed=11,
+                                         dtype=torch.bfloat16)
+            for method in ("ring", "ulysses")}
+
+
+def _ours_and_baselines(n: int, world: int, rank: int, iters: int, backward: bool) -> list[dict]:
+    """One GPU: the front door and torch's SDPA; several: ring and Ulysses. Inputs freed on return."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    q, k, v, do = _inputs(n, world, rank, grad=backward)
+    calls = {}
+    if world == 1:
+        calls["front door"] = lambda: (flash_attention(q, k, v, True), do)
+        for label, backend in (("torch SDPA (flash)", SDPBackend.FLASH_ATTENTION),
+                               ("torch SDPA (cuDNN)", SDPBackend.CUDNN_ATTENTION)):
+            def sdpa(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True), do
+            calls[label] = sdpa
+    else:
+        calls["ring"] = lambda: (ring_attention(q, k, v, True), do)
+        calls["ulysses"] = lambda: (ulysses_attention(q, k, v, True), do)
+    return [{"gpus": world, "n": n, "method": label, "backward": backward, **_timed(fn, iters, backward)}
+            for label, fn in calls.items()]
+
+
+def _torch_context_parallel(n: int, world: int, iters: int, backward: bool) -> list[dict]:
+    """PyTorch's context parallelism with SDPA's flash and cuDNN backends (a refusal is recorded)."""
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend
+
+    rows = []
+    for label, backend in (("torch context_parallel (flash)", SDPBackend.FLASH_ATTENTION),
+                           ("torch context_parallel (cuDNN)", SDPBackend.CUDNN_ATTENTION)):
+        row = {"gpus": world, "n": n, "method": label, "backward": backward}
+        try:
+            full, context, kernel = _torch_cp(n, world, backend)
+            with context, kernel:
+                shards = [t.detach().requires_grad_(backward) for t in full[:3]]
+                row.update(_timed(lambda: (F.scaled_dot_product_attention(*shards, is_causal=True), full[3]),
+                                  iters, backward))
+            # its buffers keep their whole-sequence storage (sharded by resize_), so its peak is not comparable
+            row["peak_gib_per_gpu"] = None
+        except Exception as e:  # noqa: BLE001  (a backend PyTorch refuses here is recorded, not fatal)
+            row["refused"] = f"{type(e).__name__}: {str(e)[:300]}"
+        rows.append(row)
+    return rows
 
 
 def _measure_on_rank(rank: int, world: int, lengths: list[int], iters: int) -> dict:
-    from torch.nn.attention import SDPBackend
-    import torch.nn.functional as F
-
     rows = []
     checks = _check(world, rank) if world > 1 else None
     for n in lengths:
         for backward in (False, True):
-            calls = {}
-            q, k, v, do = _inputs(n, world, rank, grad=backward)
-            if world == 1:
-                calls["front door"] = lambda: (flash_attention(q, k, v, True), do)
-                for label, backend in (("torch SDPA (flash)", SDPBackend.FLASH_ATTENTION),
-                                       ("torch SDPA (cuDNN)", SDPBackend.CUDNN_ATTENTION)):
-                    def sdpa(backend=backend):
-                        from torch.nn.attention import sdpa_kernel
-                        with sdpa_kernel(backend):
-                            return F.scaled_dot_product_attention(q, k, v, is_causal=True), do
-                    calls[label] = sdpa
-            else:
-                calls["ring"] = lambda: (ring_attention(q, k, v, True), do)
-                calls["ulysses"] = lambda: (ulysses_attention(q, k, v, True), do)
-            for label, fn in calls.items():
-                result = _timed(fn, iters, backward)
-                rows.append({"gpus": world, "n": n, "method": label, "backward": backward, **result})
-            del q, k, v, do
+            rows += _ours_and_baselines(n, world, rank, iters, backward)
             if world > 1:
-                for label, backend in (("torch context_parallel (flash)", SDPBackend.FLASH_ATTENTION),
-                                       ("torch context_parallel (cuDNN)", SDPBackend.CUDNN_ATTENTION)):
-                    full, context, kernel = _torch_cp(n, world, backend)
-                    try:
-                        with context, kernel:
-                            shards = [t.detach().requires_grad_(backward) for t in full[:3]]
-
-                            def cp():
-                                return F.scaled_dot_product_attention(*shards, is_causal=True), full[3]
-                            result = _timed(cp, iters, backward)
-                        rows.append({"gpus": world, "n": n, "method": label, "backward": backward, **result})
-                    except Exception as e:  # noqa: BLE001  (a backend PyTorch refuses here is recorded, not fatal)
-                        rows.append({"gpus": world, "n": n, "method": label, "backward": backward,
-                                     "refused": f"{type(e).__name__}: {str(e)[:300]}"})
-                    del full
+                rows += _torch_context_parallel(n, world, iters, backward)
+            torch.cuda.empty_cache()
         if world > 1:
             rows.append({"gpus": world, "n": n, "method": "ring parts", "backward": False,
                          **_ring_parts(n, world, rank, iters)})
-        torch.cuda.empty_cache()
     return {"rows": rows, "checks": checks, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
 
 

@@ -21,7 +21,7 @@ from earlier pages):
 from __future__ import annotations
 
 # Importing a page module registers its figures.
-from tutorial_kernels.figures import benchmarks, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, concepts, prefill  # noqa: F401
+from tutorial_kernels.figures import benchmarks, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, concepts, prefill  # noqa: F401
 from tutorial_kernels.figures.ch01 import reduction_bandwidth
 from tutorial_kernels.figures.ch02 import memory_vs_n, probability_heatmap, rocm_speedup, time_vs_n
 from tutorial_kernels.figures.ch04 import hbm_totals

@@ -1,0 +1,147 @@
+"""Chapter 10's figures (docs/chapters/10-context-parallel.md): one sequence across several GPUs.
+
+- `concept-ring-steps`: the causal score matrix of one sequence cut into 2P chunks, and which GPU computes
+  which block at each step of the ring (a menu picks the step, or all of them), drawn from
+  `ch10_context_parallel.ring_blocks`, the rule the ring itself follows;
+- `concept-ring-balance`: the work of each GPU at each step of a causal ring, with the sequence cut into P
+  contiguous slices or zig-zag; a step lasts as long as its busiest GPU.
+"""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+
+from tutorial_kernels.ch10_context_parallel import ring_blocks, zigzag_chunks
+from tutorial_kernels.figures.concepts import (GRID, NOTE, SKIPPED, discrete_scale, hover, legend_entry,
+                                               narrow_diagram)
+from tutorial_kernels.figures.registry import figure
+from tutorial_kernels.figures.style import SIZES, WAVE_COLOURS, add_notes, concept_layout, style_figure
+
+NOT_NOW = "#dfe3ea"  # computed at another step
+
+
+def ring_schedule(world: int) -> dict[tuple[int, int], tuple[int, int, bool]]:
+    """(query chunk, key chunk) → (step, rank, causal) for every block of the causal score matrix that the
+    zig-zag ring computes, in chunks of the sequence's 2·world; blocks above the diagonal are absent."""
+    n = 2 * world * 4  # any length the ranks divide evenly: the blocks are the same
+    chunks = [b - a for a, b in zigzag_chunks(n, world)]
+    size = chunks[0]
+    done = {}
+    for step in range(world):
+        for rank in range(world):
+            source = (rank - step) % world
+            q_chunks, kv_chunks = (rank, 2 * world - 1 - rank), (source, 2 * world - 1 - source)
+            for rows, keys, causal in ring_blocks(rank, source, True, (size, size), (size, size)):
+                for a in range(rows.start // size, rows.stop // size):
+                    for b in range(keys.start // size, keys.stop // size):
+                        qa, kb = q_chunks[a], kv_chunks[b]
+                        if qa < kb:  # a causal square's upper corner: the late chunk's keys, no early query sees
+                            continue
+                        done[(qa, kb)] = (step, rank, causal and qa == kb)
+    return done
+
+
+@figure("concept-ring-steps")
+def ring_steps(world: int = 4) -> go.Figure:
+    """The 2P × 2P chunk blocks of a causal score matrix, coloured by the GPU computing them at the
+    chosen step of the ring (a menu: each step, then all)."""
+    chunks = 2 * world
+    done = ring_schedule(world)
+    fig = go.Figure()
+    buttons = []
+    colours = WAVE_COLOURS[:world]
+    views = [*range(world), None]
+    for k, step in enumerate(views):
+        z, text, about = [], [], []
+        for a in range(chunks):
+            zr, tr, ar = [], [], []
+            for b in range(chunks):
+                if (a, b) not in done:
+                    zr.append(world + 1)
+                    tr.append("")
+                    ar.append(hover(f"queries of chunk {a} × keys of chunk {b}: never computed, every key is later "
+                                    "than every query"))
+                    continue
+                s, rank, causal = done[(a, b)]
+                now = step is None or s == step
+                zr.append(rank if now else world)
+                tr.append(f"GPU {rank}" + (" ◣" if causal else "") if now else "")
+                ar.append(hover(f"queries of chunk {a} × keys of chunk {b}: GPU {rank} at step {s}, with the keys "
+                                f"and values of GPU {(rank - s) % world}" + (" (causal: the chunk's own keys)"
+                                                                             if causal else "")))
+            z.append(zr)
+            text.append(tr)
+            about.append(ar)
+        fig.add_trace(go.Heatmap(
+            z=z, x=list(range(chunks)), y=list(range(chunks)), zmin=0, zmax=world + 1,
+            colorscale=discrete_scale([*colours, NOT_NOW, SKIPPED]), showscale=False, xgap=2, ygap=2,
+            text=text, texttemplate="%{text}", textfont=dict(size=NOTE, color="white"),
+            customdata=about, hovertemplate="%{customdata}<extra></extra>", visible=k == 0))
+        visible = [False] * len(views) + [True] * (world + 1)
+        visible[k] = True
+        label = "all steps" if step is None else (
+            f"step {step}: own keys" if step == 0 else f"step {step}: keys from {step} GPU{'s' if step > 1 else ''} back")
+        buttons.append(dict(method="update", label=label, args=[{"visible": visible}]))
+    for rank in range(world):
+        fig.add_trace(legend_entry(f"GPU {rank} (chunks {rank} and {chunks - 1 - rank})", colours[rank]))
+    fig.add_trace(legend_entry("computed at another step", NOT_NOW))
+    fig.update_layout(plot_bgcolor=GRID, updatemenus=[dict(
+        type="dropdown", direction="down", buttons=buttons, active=0, showactive=True, x=0, xanchor="left", y=1,
+        yanchor="bottom", pad=dict(b=10), font=dict(size=NOTE))])
+    add_notes(fig, f"A causal sequence cut into {chunks} chunks for {world} GPUs; GPU r holds chunks r and "
+                   f"{chunks - 1} − r. At step t it holds the keys and values of GPU r − t and computes the blocks "
+                   "coloured as it; ◣ marks a chunk against its own keys (a causal square). Drawn from "
+                   "<code>ch10_context_parallel.ring_blocks</code>, the rule the ring follows.")
+    narrow_diagram(fig, ticks=True, **{"margin.l": 56})
+    concept_layout(fig, "The ring, step by step: who computes which block", (
+        f"The causal score matrix of one sequence in {chunks} × {chunks} blocks of chunks, queries down, keys across. "
+        f"A menu picks a step of the ring: at each step each of the {world} GPUs computes its blocks, two chunk "
+        "rows' worth of work each, and after the last step every block on or below the diagonal has been "
+        "computed exactly once."), height=600, above=40)
+    fig.update_xaxes(showticklabels=True, tickvals=list(range(chunks)), range=[-0.5, chunks - 0.5],
+                     title=dict(text="key chunk", font=dict(size=SIZES["axis_title"])))
+    fig.update_yaxes(showticklabels=True, tickvals=list(range(chunks)), range=[chunks - 0.5, -0.5],
+                     title=dict(text="query chunk", font=dict(size=SIZES["axis_title"])))
+    return fig
+
+
+def step_work(world: int, cut: str) -> list[list[float]]:
+    """work[step][rank]: (query, key) pairs a GPU computes at a step of a causal ring over a sequence of
+    2·world units, in units of one chunk × chunk block (a causal block counts ½). cut: "contiguous" (GPU r
+    holds units 2r, 2r + 1) or "zig-zag" (units r and 2·world − 1 − r)."""
+    def held(r):
+        return (2 * r, 2 * r + 1) if cut == "contiguous" else (r, 2 * world - 1 - r)
+    work = []
+    for step in range(world):
+        row = []
+        for rank in range(world):
+            source = (rank - step) % world
+            row.append(sum(1.0 if a > b else 0.5 if a == b else 0.0 for a in held(rank) for b in held(source)))
+        work.append(row)
+    return work
+
+
+@figure("concept-ring-balance")
+def ring_balance(world: int = 4) -> go.Figure:
+    """Work per GPU per ring step, contiguous slices against the zig-zag cut (two groups of bars)."""
+    fig = go.Figure()
+    colours = WAVE_COLOURS[:world]
+    for cut in ("contiguous", "zig-zag"):
+        work = step_work(world, cut)
+        busy = sum(max(row) for row in work)
+        total = sum(map(sum, work))
+        for rank in range(world):
+            fig.add_trace(go.Bar(
+                x=[[f"{cut}: {total / (world * busy):.0%} busy"] * world, [f"step {s}" for s in range(world)]],
+                y=[work[s][rank] for s in range(world)], name=f"GPU {rank}", marker_color=colours[rank],
+                showlegend=cut == "contiguous", legendgroup=str(rank),
+                hovertemplate=f"GPU {rank}, %{{x[1]}} ({cut}): %{{y}} blocks<extra></extra>"))
+    fig.update_layout(barmode="group", bargap=0.25)
+    fig.update_yaxes(title_text="blocks of chunk × chunk computed")
+    add_notes(fig, f"A causal sequence in {2 * world} chunks on {world} GPUs. Cut into contiguous slices, the GPU "
+                   "holding the sequence's start finds no keys it may see from step 1 on, while the last does full "
+                   "blocks every step; a step lasts as long as its busiest GPU, so the others wait. Cut zig-zag, "
+                   "every GPU does two blocks at every step. 'busy': the work done over what the GPUs could have "
+                   "done in the steps' time.")
+    style_figure(fig, "Why causal rings cut zig-zag: work per GPU per step", None, height=460)
+    return fig
