@@ -8,8 +8,9 @@ Triton's interpreter on the CPU; with a GPU it changes no process-wide setting.
 
 Layers, bottom to top (a module imports only from its own layer or below;
 tutorial_kernels/tests/test_architecture.py):
-leaves (runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling) →
-perf → chapters (ch01 … ch06, ch07_hopper, ch08_decode, ch09_variants) → attention (the front door) → instruments, integrations →
+leaves (runtime, paths, reference, validation, inputs, tolerances, provenance, recorder, tiling, ranks) →
+perf → chapters (ch01 … ch06, ch07_hopper, ch08_decode, ch09_variants) → attention (the front door) →
+ch10_context_parallel (several GPUs, on the front door) → instruments, integrations →
 bench → figures → this package's own API and the test harness (testing).
 
 For a model, the front door: `flash_attention(q, k, v, causal=False, sm_scale=None, *, out=None)`,
@@ -20,7 +21,8 @@ this GPU's at one shape instead (`tutorial_kernels.tuning`). For generation, `fl
 k_cache, v_cache, k, v, cache_seqlens=..., block_table=None)` attends new queries to a KV cache, contiguous or
 paged, appending the new keys and values in place (chapter 8). Chapter 9's variants: `flash_attention(...,
 window_size=(left, right), softcap=c, alibi_slopes=slopes)` and `flash_attention_varlen(q, k, v,
-cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` for packed batches.
+cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...)` for packed batches. One sequence across several GPUs
+(chapter 10): `tutorial_kernels.ch10_context_parallel.ring_attention` and `ulysses_attention` on each rank's shard.
 """
 
 from tutorial_kernels.runtime import choose_execution_mode

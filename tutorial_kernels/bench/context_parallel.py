@@ -188,6 +188,18 @@ def _measure_on_rank(rank: int, world: int, lengths: list[int], iters: int) -> d
     return {"rows": rows, "checks": checks, "nccl": ".".join(map(str, torch.cuda.nccl.version()))}
 
 
+def _interconnect() -> list[str] | None:
+    """`nvidia-smi topo -m`'s matrix (how each pair of GPUs is linked), or None where it does not answer."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=30, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    matrix = done.stdout.split("Legend")[0].replace("\x1b[4m", "").replace("\x1b[0m", "")
+    return [line.rstrip() for line in matrix.splitlines() if line.strip()]
+
+
 def main(argv: list[str] | None = None) -> None:
     from tutorial_kernels.provenance import provenance
 
@@ -214,7 +226,8 @@ def main(argv: list[str] | None = None) -> None:
         "shape": {"batch": BATCH, "heads": HEADS, "head_dim": HEAD_DIM, "dtype": "bfloat16", "causal": True},
         "provenance": {**provenance(" ".join(["python -m tutorial_kernels.bench.context_parallel",
                                               *(argv if argv is not None else sys.argv[1:])])),
-                       "gpus_on_host": available, "nccl": runs[0]["nccl"] if runs else None},
+                       "gpus_on_host": available, "nccl": runs[0]["nccl"] if runs else None,
+                       "interconnect": _interconnect()},
         "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from earlier pages):
   figure carries for its caption), `registry` (the names: `figure`, `build`, `figure_html`, `show`);
 - `timelines` (SM timelines) and `ratios` (our best kernel against torch's backends): drawings
   shared by several pages;
-- one module per page, holding the figures that page shows first: `ch01` … `ch09`, `benchmarks`,
+- one module per page, holding the figures that page shows first: `ch01` … `ch10`, `benchmarks`,
   `prefill`, and `concepts` (the `concept-…` diagrams of several pages). Importing this package
   imports them all, which registers every figure.
 """

@@ -5,6 +5,12 @@
   `ch10_context_parallel.ring_blocks`, the rule the ring itself follows;
 - `concept-ring-balance`: the work of each GPU at each step of a causal ring, with the sequence cut into P
   contiguous slices or zig-zag; a step lasts as long as its busiest GPU.
+
+And from data/ch10_context_parallel.json (`python -m tutorial_kernels.bench.context_parallel`):
+
+- `ch10-scaling`: one causal layer on 1, 2 and 4 GPUs — time, speed-up over one GPU, peak memory per GPU —
+  for the ring, all-to-all and PyTorch's context_parallel;
+- `ch10-overlap`: the ring's forward against its kernels alone and its hops alone.
 """
 
 from __future__ import annotations
@@ -15,7 +21,10 @@ from tutorial_kernels.ch10_context_parallel import ring_blocks, zigzag_chunks
 from tutorial_kernels.figures.concepts import (GRID, NOTE, SKIPPED, discrete_scale, hover, legend_entry,
                                                narrow_diagram)
 from tutorial_kernels.figures.registry import figure
-from tutorial_kernels.figures.style import SIZES, WAVE_COLOURS, add_notes, concept_layout, style_figure
+from tutorial_kernels.figures.rows import load_data
+from tutorial_kernels.figures.runs import file_lines, short_line
+from tutorial_kernels.figures.style import SIZES, WAVE_COLOURS, add_notes, concept_layout, measured_layout, style_figure
+from tutorial_kernels.figures.tables import Table
 
 NOT_NOW = "#dfe3ea"  # computed at another step
 
@@ -145,3 +154,87 @@ def ring_balance(world: int = 4) -> go.Figure:
                    "done in the steps' time.")
     style_figure(fig, "Why causal rings cut zig-zag: work per GPU per step", None, height=460)
     return fig
+
+
+# --- measured: data/ch10_context_parallel.json (`python -m tutorial_kernels.bench.context_parallel`) -------------
+
+METHODS = ["ring", "ulysses", "torch context_parallel (flash)", "torch context_parallel (cuDNN)"]
+ONE_GPU = ["front door", "torch SDPA (flash)", "torch SDPA (cuDNN)"]
+
+
+def _rows(data: dict) -> dict:
+    """(gpus, n, method, backward) → row, over every run of the file."""
+    return {(r["gpus"], r["n"], r["method"], r["backward"]): r for run in data["runs"] for r in run["rows"]}
+
+
+def _length(n: int) -> str:
+    return f"{n // 1024}k"
+
+
+def _gpus_runs(data: dict) -> list[dict]:
+    """The file's provenance with the GPU named as the host's GPUs and their links, for the subtitle."""
+    p = data["provenance"]
+    return [{**p, "gpu": f"{p['gpu']} ×{p.get('gpus_on_host', '?')}, one host"}]
+
+
+@figure("ch10-scaling")
+def scaling_table(data: dict | None = None):
+    """Seconds per causal layer, forward and forward + backward, each method's speed-up over one GPU's front
+    door at the same length, and peak memory per GPU."""
+    data = data or load_data("ch10_context_parallel")
+    rows = _rows(data)
+    lengths = sorted({n for _, n, _, _ in rows})
+    gpus = sorted({g for g, _, _, _ in rows})
+    header = ["GPUs", "N", "method", "forward s", "× one GPU", "fwd + bwd s", "× one GPU", "peak GiB per GPU"]
+    columns: list[list] = [[] for _ in header]
+    for g in gpus:
+        for n in lengths:
+            base = {b: rows.get((1, n, "front door", b)) for b in (False, True)}
+            for method in (ONE_GPU if g == 1 else METHODS):
+                fwd, both = rows.get((g, n, method, False)), rows.get((g, n, method, True))
+                if fwd is None or both is None or "seconds" not in fwd or "seconds" not in both:
+                    continue
+                speed = [f"{base[b]['seconds'] / r['seconds']:.2f}×" if base[b] else "–"
+                         for b, r in ((False, fwd), (True, both))]
+                peak = both.get("peak_gib_per_gpu")
+                row = [str(g), _length(n), method, f"{fwd['seconds']:.3f}", speed[0], f"{both['seconds']:.3f}",
+                       speed[1], "–" if peak is None else f"{peak:.1f}"]
+                for column, value in zip(columns, row):
+                    column.append(value)
+    shape = data["shape"]
+    return Table(header, columns, title="One causal layer over several GPUs: time, speed-up, memory",
+                 subtitle=short_line(_gpus_runs(data)), provenance=file_lines(data), notes=[
+                     f"{shape['dtype']}, batch {shape['batch']}, {shape['heads']} heads of {shape['head_dim']}, "
+                     "causal. Seconds: the median over calls of the slowest GPU's time. × one GPU: the front door "
+                     "on one GPU at the same length over this row's time (the ideal is the number of GPUs). Peak "
+                     "memory: the most any GPU allocated during a forward + backward (inputs, outputs and "
+                     "gradients included); PyTorch's context_parallel keeps each buffer's whole-sequence storage "
+                     "after sharding it, so its peak is not comparable and not shown."])
+
+
+@figure("ch10-overlap")
+def overlap_bars(data: dict | None = None) -> go.Figure:
+    """The ring's forward against its parts measured alone: the steps' kernels without sending, and the
+    key/value hops without computing, per (GPUs, N)."""
+    data = data or load_data("ch10_context_parallel")
+    rows = _rows(data)
+    cases = sorted({(g, n) for g, n, m, _ in rows if m == "ring parts"})
+    labels = [f"{g} GPUs, {_length(n)}" for g, n in cases]
+    parts = [rows[(g, n, "ring parts", False)] for g, n in cases]
+    total = [rows[(g, n, "ring", False)]["seconds"] for g, n in cases]
+    fig = go.Figure()
+    for name, values, colour in (
+            ("kernels alone", [p["computation_s"] * 1e3 for p in parts], WAVE_COLOURS[0]),
+            ("hops alone", [p["communication_s"] * 1e3 for p in parts], WAVE_COLOURS[1]),
+            ("the ring: both, overlapped", [t * 1e3 for t in total], WAVE_COLOURS[2])):
+        fig.add_trace(go.Bar(y=labels, x=values, name=name, orientation="h", marker_color=colour,
+                             hovertemplate=f"{name}, %{{y}}: %{{x:.1f}} ms<extra></extra>"))
+    fig.update_layout(barmode="group", bargap=0.25)
+    fig.update_xaxes(title_text="milliseconds per forward (log scale)", type="log")
+    fig.update_yaxes(autorange="reversed")
+    add_notes(fig, "The ring's forward (each GPU's P steps, the key/value shard sent on while a step computes) "
+                   "against its two halves timed alone: the same steps' kernels on the GPU's own shard with nothing "
+                   "sent, and the P − 1 hops of the shard with nothing computed. Where the hops take less time than "
+                   "a step's kernels, the ring's time is its kernels' time.")
+    return measured_layout(fig, None, "Sending while computing: the ring's forward and its parts", runs=_gpus_runs(data),
+                           height=520)
