@@ -223,6 +223,7 @@ def _ring_backward(do, q, k, v, o, lse, causal, sm_scale, group, seq_len):
                 request.wait()
             dk_part += dkv[0]
             dv_part += dkv[1]
+            dkv = None  # free before the next pair of buffers is allocated
         if world > 1:  # on to the next rank; at the last step that is the slice's home
             dkv = [torch.empty(k.shape[:2] + (lengths[(source - 1) % world],) + k.shape[3:], dtype=torch.float32,
                                device=k.device),
