@@ -135,3 +135,71 @@ def probability_heatmap(p, title: str) -> go.Figure:
     fig.update_xaxes(title="key j")
     fig.update_yaxes(title="query i", autorange="reversed")
     return style_figure(fig, title, height=440, width=540)
+
+
+# (label, key/value heads) for 8 query heads: multi-head, grouped-query and multi-query attention
+HEAD_LAYOUTS = [("multi-head: 8 K/V heads", 8), ("grouped-query: 2 K/V heads", 2), ("multi-query: 1 K/V head", 1)]
+
+
+@figure("concept-attention-shapes")
+def attention_shapes(heads: int = 8, n_q: int = 6, n_k: int = 9, head_dim: int = 3) -> go.Figure:
+    """Left: which key/value head each query head reads (`reference.expand_kv_heads`'s rule h // G), a menu
+    for multi-head, grouped-query and multi-query attention. Right: the matrices of one (batch, head) pair,
+    Q, Kᵀ, S = τQKᵀ, P and V, O = PV, drawn to their shapes."""
+    from tutorial_kernels.figures.concepts import GRID, NOTE, discrete_scale, hover, narrow_diagram
+    from tutorial_kernels.figures.style import WAVE_COLOURS, concept_layout
+
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.32, 0.68], horizontal_spacing=0.04, subplot_titles=(
+        "heads: which K/V head each query head reads", "one (batch, head) pair"))
+    colours = WAVE_COLOURS[:heads]
+    scale = discrete_scale(colours)
+    for k, (label, kv_heads) in enumerate(HEAD_LAYOUTS):
+        group = heads // kv_heads
+        z = [[h // group * group, h // group * group if h % group == 0 else None] for h in range(heads)]
+        text = [[f"Q head {h}", f"K/V head {h // group}" if h % group == 0 else ""] for h in range(heads)]
+        about = [[hover(f"query head {h} reads key/value head {h} // {group} = {h // group}"),
+                  hover(f"key/value head {h // group}: read by query heads {h // group * group}–"
+                        f"{h // group * group + group - 1}") if h % group == 0 else ""] for h in range(heads)]
+        fig.add_trace(go.Heatmap(z=z, x=[0, 1], y=list(range(heads)), text=text, texttemplate="%{text}",
+                                 textfont=dict(size=NOTE, color="white"), customdata=about, zmin=0, zmax=heads - 1,
+                                 colorscale=scale, showscale=False, xgap=6, ygap=3, visible=k == 1,
+                                 hovertemplate="%{customdata}<extra></extra>"), row=1, col=1)
+    # one pair's matrices, laid out as the products read (rows downwards, one cell per row and column):
+    # Q left of S with Kᵀ above it, S = τ Q Kᵀ; P beside S; V above O, O = P V
+    x_s, x_p = head_dim + 1, head_dim + n_k + 2
+    x_o = x_p + n_k + 1
+    blocks = [  # name, rows, columns, left, top, colour, label below (else above), hover
+        ("Q", n_q, head_dim, 0, 0, 0, True, f"Q: n_q × d = {n_q} × {head_dim}, one row per query"),
+        ("Kᵀ", head_dim, n_k, x_s, -head_dim - 1, 1, False, f"Kᵀ: d × n_k = {head_dim} × {n_k}, one column per key"),
+        ("S = τ Q Kᵀ", n_q, n_k, x_s, 0, 2, True, f"S: n_q × n_k = {n_q} × {n_k}, query i's score for key j"),
+        ("P = softmax(S)", n_q, n_k, x_p, 0, 3, True, "P: each row of S made positive and summing to 1"),
+        ("V", n_k, head_dim, x_o, -n_k - 1, 4, False, f"V: n_k × d = {n_k} × {head_dim}, one row per key"),
+        ("O = P V", n_q, head_dim, x_o, 0, 5, True, f"O: n_q × d = {n_q} × {head_dim}, Q's shape"),
+    ]
+    tones = ["#9ecae1", "#fdae6b", "#c7e9c0", "#74c476", "#fdd0a2", "#6baed6"]
+    for name, rows, cols, left, top, tone, below, about in blocks:
+        fig.add_trace(go.Heatmap(z=[[tone] * cols for _ in range(rows)], x=[left + c for c in range(cols)],
+                                 y=[top + r for r in range(rows)], zmin=0, zmax=len(tones) - 1,
+                                 colorscale=discrete_scale(tones), showscale=False, xgap=1, ygap=1,
+                                 customdata=[[hover(about)] * cols for _ in range(rows)],
+                                 hovertemplate="%{customdata}<extra></extra>"), row=1, col=2)
+        fig.add_annotation(x=left + (cols - 1) / 2, y=top + rows - 0.3 if below else top - 0.7,
+                           yanchor="top" if below else "bottom", text=name, showarrow=False, font=dict(size=NOTE),
+                           row=1, col=2)
+    visible = lambda k: [j == k for j in range(len(HEAD_LAYOUTS))] + [True] * len(blocks)  # noqa: E731
+    fig.update_layout(plot_bgcolor=GRID, updatemenus=[dict(
+        type="dropdown", direction="down", active=1, showactive=True, x=0, xanchor="left", y=1.1, yanchor="bottom",
+        font=dict(size=NOTE), buttons=[dict(method="update", label=label, args=[{"visible": visible(k)}])
+                                       for k, (label, _) in enumerate(HEAD_LAYOUTS)])])
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", scaleanchor="x2", row=1, col=2)
+    add_notes(fig, f"Every tensor is (B, H, N, d). Each of the B · H (batch, head) pairs is one independent problem, "
+                   f"drawn on the right for n_q = {n_q} queries, n_k = {n_k} keys and d = {head_dim}. With grouped-query "
+                   "attention the key/value tensors have fewer heads, H_kv, and query head h reads key/value head "
+                   "h // (H / H_kv): the menu on the left switches between the three layouts models use.")
+    narrow_diagram(fig, **{"+height": 140})
+    return concept_layout(fig, "The shapes of attention: heads, and one head's matrices", (
+        f"Left: {heads} query heads and the key/value heads they read, for multi-head (one each), grouped-query (four "
+        "query heads per key/value head) and multi-query (all share one) attention. Right: one head's Q, the "
+        "transposed K, the score matrix S and the probabilities P, V and the output O, each drawn to its shape: "
+        "S and P are n_q × n_k, O has Q's shape."), height=560, above=40)

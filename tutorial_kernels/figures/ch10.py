@@ -23,7 +23,8 @@ from tutorial_kernels.figures.concepts import (GRID, NOTE, SKIPPED, discrete_sca
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.runs import file_lines, short_line
-from tutorial_kernels.figures.style import SIZES, WAVE_COLOURS, add_notes, concept_layout, measured_layout, style_figure
+from tutorial_kernels.figures.style import (SIZES, WAVE_COLOURS, add_notes, concept_layout, log_ticks, measured_layout,
+                                           style_figure)
 from tutorial_kernels.figures.tables import Table
 
 NOT_NOW = "#dfe3ea"  # computed at another step
@@ -230,11 +231,14 @@ def overlap_bars(data: dict | None = None) -> go.Figure:
         fig.add_trace(go.Bar(y=labels, x=values, name=name, orientation="h", marker_color=colour,
                              hovertemplate=f"{name}, %{{y}}: %{{x:.1f}} ms<extra></extra>"))
     fig.update_layout(barmode="group", bargap=0.25)
-    fig.update_xaxes(title_text="milliseconds per forward (log scale)", type="log")
+    values = [v for trace in fig.data for v in trace.x]
+    fig.update_xaxes(title_text="milliseconds per forward (log scale)", type="log",
+                     tickvals=log_ticks(min(values) / 1.5, max(values) * 1.5))
     fig.update_yaxes(autorange="reversed")
     add_notes(fig, "The ring's forward (each GPU's P steps, the key/value shard sent on while a step computes) "
                    "against its two halves timed alone: the same steps' kernels on the GPU's own shard with nothing "
                    "sent, and the P − 1 hops of the shard with nothing computed. Where the hops take less time than "
-                   "a step's kernels, the ring's time is its kernels' time.")
+                   "a step's kernels, they add nothing: what the ring takes beyond its kernels is its own bookkeeping "
+                   "(the merges, the float32 running output), which matters only where the kernels are short.")
     return measured_layout(fig, None, "Sending while computing: the ring's forward and its parts", runs=_gpus_runs(data),
                            height=520)
