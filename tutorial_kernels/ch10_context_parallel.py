@@ -161,8 +161,7 @@ def _ring_forward(q, k, v, causal, sm_scale, group, seq_len, merge=merge_partial
     lengths = _local_lengths(q.shape[2], seq_len, world, rank)
     n = _sizes(seq_len, q.shape[2], world)
     ring = _Ring(group, world, rank) if world > 1 else None
-    o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
-    lse = torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
+    o = lse = None  # the running result: float32 O and the rows' log-sum-exp
     held = (k, v)
     for step in range(world):
         source = (rank - step) % world  # whose keys and values this rank holds at this step
@@ -178,11 +177,16 @@ def _ring_forward(q, k, v, causal, sm_scale, group, seq_len, merge=merge_partial
                 continue
             o_part, lse_part = flash_attention_forward(q[:, :, rows], held[0][:, :, keys], held[1][:, :, keys],
                                                        block_causal, sm_scale)
-            merge(o[:, :, rows], lse[:, :, rows], o_part, lse_part)
+            if o is None:  # step 0, the shard's own keys, covers every row: the running result starts as it
+                o, lse = o_part.float(), lse_part
+            else:
+                merge(o[:, :, rows], lse[:, :, rows], o_part, lse_part)
         if pending is not None:
             for request in pending:
                 request.wait()
             held = tuple(incoming)
+    if o is None:  # an empty shard
+        return q.new_zeros(q.shape), torch.full(q.shape[:3], -math.inf, dtype=torch.float32, device=q.device)
     return o.to(q.dtype), lse
 # --8<-- [end:ring_forward]
 

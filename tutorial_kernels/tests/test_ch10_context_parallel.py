@@ -26,6 +26,7 @@ CASES = [
     ("ulysses-causal-gqa", "ulysses", True, torch.float16, 1, 4, 4, 24, 16),
     ("ulysses-uneven", "ulysses", False, torch.float32, 1, 4, 4, 27, 16),
     ("ring-large-logits", "ring", True, torch.float16, 1, 2, 1, 32, 16),
+    ("ring-shorter-than-ranks", "ring", True, torch.float32, 1, 2, 2, 3, 16),  # on 4 ranks one shard is empty
 ]
 
 
