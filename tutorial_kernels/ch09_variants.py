@@ -320,7 +320,12 @@ def key_range(start_m: int, n_q: int, n_k: int, left: int | None, right: int | N
 
 # --- launchers ---------------------------------------------------------------------------------------
 
-def _tiles(head_dim: int, dtype: torch.dtype) -> dict:
+# The forward's 16-bit configuration on a GPU when set, in place of _tiles' own (the benchmark times a
+# wider one against the readable default this way: bench/providers.py, "ch09-front-door-wide").
+FORWARD_TILES: dict | None = None
+
+
+def _tiles(head_dim: int, dtype: torch.dtype, forward: bool = False) -> dict:
     """One readable configuration (not tuned): 16 × 16 in the interpreter; on a GPU 64 × 64, halved at
     head_dim above 128 so the tiles fit in shared memory; float32, in either matmul precision, on
     `precision.full_float32_tiles` (its operands take twice a 16-bit tile's room, and its three-pass
@@ -329,6 +334,8 @@ def _tiles(head_dim: int, dtype: torch.dtype) -> dict:
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
     if dtype == torch.float32:
         return full_float32_tiles(head_dim)
+    if forward and FORWARD_TILES is not None and head_dim <= 128:
+        return dict(FORWARD_TILES)
     block = 64 if head_dim <= 128 else 32
     return dict(BLOCK_M=block, BLOCK_N=block, num_warps=4, num_stages=2)
 
@@ -386,7 +393,7 @@ def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         lse.fill_(-math.inf)
     if out.numel() == 0:
         return out, lse.fill_(-math.inf)
-    tiles = _tiles(p.head_dim, q.dtype)
+    tiles = _tiles(p.head_dim, q.dtype, forward=True)
     grid = (p.batch * p.heads, triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]))
     _variants_fwd_kernel[grid](
         q, k, v, out, lse, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(out),

@@ -27,6 +27,7 @@ from tutorial_kernels import ch04_flash_v1 as ch04
 from tutorial_kernels import ch05_flash_v2 as ch05
 from tutorial_kernels import ch07_hopper
 from tutorial_kernels import ch06_backward as ch06
+from tutorial_kernels import ch09_variants as ch09
 from tutorial_kernels.validation import UnsupportedShape
 
 
@@ -121,6 +122,80 @@ def _front_door_decode(q, k_cache, v_cache, seqlens):
     return lambda: attention.flash_attention(q, k, v, causal=True)  # bottom-right: the query sees every key
 
 
+# --- chapter 9 (VariantShape: fn(q, k, v, causal, variants); PackedShape: fn(q, k, v, cu_seqlens, max_seqlen,
+# causal)), each a factory returning the call to time; what it builds first (a block mask) is untimed
+
+def _front_door_variants(q, k, v, causal, variants):
+    return lambda: attention.flash_attention(q, k, v, causal, **variants)
+
+
+def _front_door_varlen(q, k, v, cu_seqlens, max_seqlen, causal):
+    return lambda: attention.flash_attention_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                                    causal=causal)
+
+
+WIDE_FORWARD_TILES = dict(BLOCK_M=128, BLOCK_N=64, num_warps=8, num_stages=3)
+
+
+@contextlib.contextmanager
+def _wide_forward():
+    """Chapter 9's forward in 128 × 64 tiles, 8 warps, 3 stages instead of its readable 64 × 64 (the A/B)."""
+    before, ch09.FORWARD_TILES = ch09.FORWARD_TILES, WIDE_FORWARD_TILES
+    try:
+        yield
+    finally:
+        ch09.FORWARD_TILES = before
+
+
+_FLEX: list = []
+
+
+def _flex() -> Callable:
+    """torch.compile(flex_attention), compiled once per process (FlexAttention is meant to be compiled:
+    eager, it runs an unfused reference)."""
+    if not _FLEX:
+        from torch.nn.attention.flex_attention import flex_attention
+        _FLEX.append(torch.compile(flex_attention, dynamic=False))
+    return _FLEX[0]
+
+
+def _flex_mask(mask_mod, n: int, device: torch.device):
+    from torch.nn.attention.flex_attention import create_block_mask
+    return create_block_mask(mask_mod, None, None, n, n, device=device)
+
+
+def _flex_variants(q, k, v, causal, variants):
+    """FlexAttention with the same mask as a block mask (its empty tiles skipped); masks only."""
+    if set(variants) - {"window_size"}:
+        raise UnsupportedShape("this provider times FlexAttention's masks (causal, window), not score mods")
+    left = variants.get("window_size", (-1, -1))[0]
+    if left >= 0 and not causal:
+        raise UnsupportedShape("this provider times causal windows only")
+    if left >= 0:
+        mask = _flex_mask(lambda b, h, i, j: (i >= j) & (i - j <= left), q.shape[2], q.device)
+    elif causal:
+        mask = _flex_mask(lambda b, h, i, j: i >= j, q.shape[2], q.device)
+    else:
+        mask = None
+    flex = _flex()
+    return lambda: flex(q, k, v, block_mask=mask)
+
+
+def _flex_document(q, k, v, cu_seqlens, max_seqlen, causal):
+    """FlexAttention over the packed batch as one sequence of (1, H, total, d), with a document mask
+    (causal within each document when `causal`) as its block mask."""
+    lengths = cu_seqlens.diff().long()
+    document = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)
+
+    def same_document(b, h, i, j):
+        return (document[i] == document[j]) & (i >= j) if causal else document[i] == document[j]
+
+    mask = _flex_mask(same_document, q.shape[0], q.device)
+    flex = _flex()
+    q4, k4, v4 = (t.transpose(0, 1)[None] for t in (q, k, v))  # (1, H, total, d) views
+    return lambda: flex(q4, k4, v4, block_mask=mask)[0].transpose(0, 1)
+
+
 PROVIDERS: dict[str, Provider] = {
     # attention: fn(q, k, v, causal)
     "eager": Provider("eager PyTorch", ch02.eager_attention),
@@ -155,6 +230,15 @@ PROVIDERS: dict[str, Provider] = {
                                _pinned(SDPBackend.CUDNN_ATTENTION)),
     "front-door-decode": Provider("tutorial_kernels.flash_attention on the sliced cache (the front door)",
                                   _front_door_decode),
+    # chapter 9 (VariantShape, PackedShape): factories, fn(q, k, v, causal, variants) / fn(q, k, v, cu_seqlens,
+    # max_seqlen, causal) → the call to time
+    "ch09-front-door": Provider("tutorial_kernels.flash_attention with the variant (the front door)",
+                                _front_door_variants),
+    "ch09-front-door-wide": Provider("the front door, chapter 9's forward in 128 × 64 tiles", _front_door_variants,
+                                     _wide_forward),
+    "ch09-flex": Provider("FlexAttention (torch.compile), the same mask as a block mask", _flex_variants),
+    "ch09-front-door-varlen": Provider("tutorial_kernels.flash_attention_varlen (the front door)", _front_door_varlen),
+    "ch09-flex-document": Provider("FlexAttention (torch.compile), a document mask as a block mask", _flex_document),
     # matmul: fn(a, b)
     "torch-matmul": Provider("torch.matmul (cuBLAS)", torch.matmul),
     "triton-matmul-pointers": Provider("Triton matmul, pointer tiles (ch. 3)", partial(ch03.matmul, method="pointers")),

@@ -68,7 +68,7 @@ def run_suite(
         s for s in suite.shapes
         if (lengths is None or getattr(s, "n", None) in lengths) and (dtypes is None or getattr(s, "dtype", None) in dtypes)
     ]
-    jobs = [(p, s) for s in shapes for p in chosen]
+    jobs = [(p, s) for s in shapes for p in suite.providers_for(s, chosen)]
     ceilings = measure_ceilings()  # first: it also brings an idle GPU up to its working clocks
     result = {
         "description": suite.description,
@@ -92,8 +92,9 @@ def run_suite(
                 if (r["provider_key"], _shape_of(r, suite)) not in measuring]
     out_path.parent.mkdir(parents=True, exist_ok=True)
     for s in _progress(shapes, name):
-        rows = measure_shape([PROVIDERS[p] for p in chosen], s)
-        result["results"] += [row | {"provider_key": p} for row, p in zip(rows, chosen)]
+        keys = suite.providers_for(s, chosen)
+        rows = measure_shape([PROVIDERS[p] for p in keys], s)
+        result["results"] += [row | {"provider_key": p} for row, p in zip(rows, keys)]
         # rewritten after every shape: a run cut short by a time limit still leaves what it measured
         result["complete"] = len(result["results"]) == len(jobs) and earlier_complete
         out_path.write_text(json.dumps(result | {"results": kept + result["results"]}, indent=1) + "\n")
@@ -135,7 +136,8 @@ def measure_subset(name: str, keep: Callable[[object], bool]) -> dict:
     rows = [
         row | {"provider_key": key}
         for shape in suite.shapes if keep(shape)
-        for row, key in zip(measure_shape([PROVIDERS[key] for key in suite.providers], shape), suite.providers)
+        for row, key in zip(measure_shape([PROVIDERS[key] for key in suite.providers_for(shape)], shape),
+                            suite.providers_for(shape))
     ]
     return {"description": suite.description, "provenance": suite_provenance(name, ["(subset, not written)"]), "results": rows}
 

@@ -4,8 +4,10 @@ providers, by key in `PROVIDERS`, on which shapes, written to which file under `
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
-from tutorial_kernels.bench.shapes import DecodeShape, MatmulShape, ReductionShape, Shape, SoftmaxShape, TrainingShape
+from tutorial_kernels.bench.shapes import (DecodeShape, MatmulShape, PackedShape, ReductionShape, Shape, SoftmaxShape,
+                                           TrainingShape, VariantShape)
 
 
 @dataclass
@@ -17,6 +19,12 @@ class Suite:
     shapes: list
     default_out: str
     notes: list[str] = field(default_factory=list)
+    # which providers time which shape, when not all of them every shape: measures(key, shape) → bool
+    measures: Callable[[str, object], bool] | None = None
+
+    def providers_for(self, shape, chosen: list[str] | None = None) -> list[str]:
+        """The providers (of `chosen`, default the suite's) that time `shape`."""
+        return [p for p in (chosen or self.providers) if self.measures is None or self.measures(p, shape)]
 
 
 def fa2_paper_shapes(head_dims, lengths, dtypes=("float16", "bfloat16")) -> list[Shape]:
@@ -52,6 +60,39 @@ def _decode_left_out() -> str:
     kept = {(s.batch, s.kv_heads, s.n, s.head_dim) for s in decode_shapes()}
     every = {(s.batch, s.kv_heads, s.n, s.head_dim) for s in decode_shapes(memory=2**80)}
     return ", ".join(map(str, sorted(every - kept)))
+
+
+CH09_WINDOW = 4096  # the sliding window of chapter 9's speed table (Mistral's)
+CH09_SOFTCAP = 50.0  # Gemma 2's attention softcap
+
+
+def ch09_shapes() -> list:
+    """Chapter 9's speed table, bf16, d = 128, H = 16 (H·d = 2048), forward and backward: (a) a causal
+    sliding window of 4096 keys at N = 32k, and plain causal there; (b) a packed batch of 64k tokens and a
+    dense batch of the same tokens (16 × 4096), causal; (c) softcap and ALiBi against plain attention at
+    N = 4k and 16k (B·N = 16k tokens, not causal)."""
+    shapes: list = []
+    for mode in ("fwd", "bwd"):
+        shapes += [VariantShape(1, 16, 32768, 128, True, "bfloat16", window=w, mode=mode) for w in (-1, CH09_WINDOW)]
+        shapes += [PackedShape(65536, 16, 128, True, "bfloat16", mode=mode),
+                   VariantShape(16, 16, 4096, 128, True, "bfloat16", mode=mode)]
+        shapes += [VariantShape(16384 // n, 16, n, 128, False, "bfloat16", softcap=cap, alibi=alibi, mode=mode)
+                   for n in (4096, 16384) for cap, alibi in ((0.0, False), (CH09_SOFTCAP, False), (0.0, True))]
+    return shapes
+
+
+def _ch09_measures(key: str, shape) -> bool:
+    """Packed batches by the varlen front door and Flex's document mask; the dense shapes by the front door;
+    Flex on the window's table (its masks, not the score mods); the wide forward where chapter 9's forward runs."""
+    if isinstance(shape, PackedShape):
+        return key in ("ch09-front-door-varlen", "ch09-flex-document")
+    if key in ("ch09-front-door-varlen", "ch09-flex-document"):
+        return False
+    if key == "ch09-flex":
+        return shape.n == 32768  # the window's table: causal, with and without the window
+    if key == "ch09-front-door-wide":  # chapter 9's kernels run only for a variant
+        return shape.mode == "fwd" and (shape.window >= 0 or shape.softcap > 0 or shape.alibi)
+    return True
 
 
 SUITES: dict[str, Suite] = {
@@ -196,5 +237,27 @@ SUITES: dict[str, Suite] = {
         default_out="ch06_memory.json",
         notes=["peak_extra_mib: the most memory allocated during one forward + backward beyond the inputs "
                "and dO (the gradients themselves, 3 · N · d · H · 2 bytes, are included)."],
+    ),    "ch09-variants": Suite(
+        description="Chapter 9: a sliding window, a packed batch, softcap and ALiBi through the front door, against "
+        "its plain attention and FlexAttention with the same mask, bf16, d = 128, H = 16, forward and backward",
+        providers=["ch09-front-door", "ch09-front-door-wide", "ch09-flex", "ch09-front-door-varlen",
+                   "ch09-flex-document"],
+        shapes=ch09_shapes(),
+        default_out="ch09_variants.json",
+        measures=_ch09_measures,
+        notes=["TFLOP/s counts the (query, key) pairs the mask keeps, exactly (a window of w keys: about N·w; a "
+               "packed batch: each sequence's own, L(L + 1)/2 causal), 4·d FLOPs a pair forward and 2.5× that "
+               "backward; plain causal keeps N(N + 1)/2 pairs, (N + 1)/N times the other suites' N²/2.",
+               "bwd times the backward alone (dQ, dK, dV given dO); the forward runs once, untimed.",
+               f"window: {CH09_WINDOW} keys to the left of the diagonal, causal (flash-attn's window_size=("
+               f"{CH09_WINDOW}, 0)); softcap {CH09_SOFTCAP:g}; ALiBi: slopes 2^(−8(h + 1)/H).",
+               "The packed batch: lengths uniform in [128, 8192] from torch.Generator().manual_seed(0), the last "
+               "taking what remains of 65536 tokens; the dense batch holds the same tokens as 16 × 4096.",
+               "FlexAttention: torch.compile(flex_attention), block masks from create_block_mask (128 × 128 blocks, "
+               "built once per shape, untimed): causal, causal with the window, the packed batch as one sequence "
+               "with a causal document mask. It is timed on the masks only, not on softcap or ALiBi.",
+               "ch09-front-door-wide: chapter 9's forward in 128 × 64 tiles, 8 warps and 3 stages instead of its "
+               "readable 64 × 64 (4 warps, 2 stages); forward shapes only.",
+               "rel_err_head0: head 0 (of every sequence, packed) against float64, gradients by float64 autograd."],
     ),
 }

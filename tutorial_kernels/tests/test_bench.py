@@ -108,6 +108,14 @@ def test_committed_data_has_provenance_and_checked_results(path: Path):
     missing = PROVENANCE_KEYS - set(data["provenance"])
     assert not missing, f"{path.name}: provenance lacks {sorted(missing)}"
     assert data["provenance"]["git_commit"] != "unknown", f"{path.name}: no commit recorded"
+    if "runs" in data and "gpus" in data["runs"][0]:  # bench.context_parallel: timed, and checked before timing
+        for run in data["runs"]:
+            assert all(r["seconds"] > 0 for r in run["rows"] if "seconds" in r)
+            assert all(r["communication_s"] > 0 and r["computation_s"] > 0 for r in run["rows"] if "computation_s" in r)
+            if run["gpus"] > 1:  # several GPUs against one, bfloat16: the largest |difference| of O and gradients
+                for method, diffs in run["checks"].items():
+                    assert all(math.isfinite(x) and x <= 0.1 for x in diffs.values()), (path.name, method, diffs)
+        return
     if "runs" in data:  # a training comparison (tutorial_kernels.integrations.gpt): every step's loss, finite
         for run in data["runs"]:
             assert len(run["losses"]) == data["config"]["steps"] and all(math.isfinite(x) for x in run["losses"])
@@ -275,3 +283,56 @@ def test_the_decode_suite_measures_on_the_gpu():
             continue
         assert row["status"] == "ok" and row["rel_err_head0"] <= MAX_BENCH_ERROR[row["dtype"]], row
         assert row["gb_per_s"] > 0 and row["ms"] > 0, row
+
+
+# chapter 9's suite: the pairs each mask keeps, a packed batch drawn the same every time, the providers checked
+def test_the_variant_shapes_count_the_pairs_their_masks_keep():
+    from tutorial_kernels.bench.shapes import PackedShape, VariantShape
+
+    n, w = 1000, 100
+    causal = VariantShape(2, 3, n, 64, True)
+    assert causal.flops == 4 * 2 * 3 * 64 * n * (n + 1) // 2  # N(N + 1)/2 pairs
+    window = VariantShape(2, 3, n, 64, True, window=w, mode="bwd")
+    assert window.flops == 2.5 * 4 * 2 * 3 * 64 * sum(min(i, w) + 1 for i in range(n))
+    assert VariantShape(1, 1, n, 64, False, softcap=5.0).flops == 4 * 64 * n * n
+    packed = PackedShape(65536, 16, 128, True)
+    lengths = packed.seqlens
+    assert lengths == packed.seqlens and sum(lengths) == 65536 and len(set(lengths)) > 1
+    assert all(128 <= n <= 8192 for n in lengths)
+    assert packed.flops == 4 * 16 * 128 * sum(n * (n + 1) // 2 for n in lengths)
+
+
+def test_the_variants_suite_pairs_each_provider_with_its_shapes():
+    from tutorial_kernels.bench.shapes import PackedShape
+
+    suite = SUITES["ch09-variants"]
+    for shape in suite.shapes:
+        keys = suite.providers_for(shape)
+        if isinstance(shape, PackedShape):
+            assert keys == ["ch09-front-door-varlen", "ch09-flex-document"]
+        else:
+            assert keys[0] == "ch09-front-door" and not {"ch09-front-door-varlen", "ch09-flex-document"} & set(keys)
+            assert ("ch09-flex" in keys) == (shape.n == 32768)
+    assert {s.mode for s in suite.shapes} == {"fwd", "bwd"}
+
+
+@pytest.mark.parametrize("mode", ["fwd", "bwd"])
+def test_every_variant_provider_runs_a_tiny_cell_and_is_checked(mode):
+    """What measure_shape does before timing (draw, prepare, call, check against float64), on cells small
+    enough for Triton's interpreter; FlexAttention is left to the GPU (compiled, and its backward needs one)."""
+    from tutorial_kernels.bench.shapes import PackedShape, VariantShape
+
+    cells = [(VariantShape(1, 2, 70, 16, True, "float32", window=20, mode=mode), "ch09-front-door"),
+             (VariantShape(2, 2, 40, 16, False, "float32", softcap=5.0, mode=mode), "ch09-front-door-wide"),
+             (VariantShape(2, 2, 40, 16, False, "float32", alibi=True, mode=mode), "ch09-front-door"),
+             (PackedShape(300, 2, 16, True, "float32", shortest=10, longest=90, mode=mode), "ch09-front-door-varlen")]
+    if ON_GPU:
+        cells += [(VariantShape(1, 2, 256, 64, True, "float16", window=100, mode=mode), "ch09-flex"),
+                  (PackedShape(640, 2, 64, True, "float16", shortest=16, longest=256, mode=mode), "ch09-flex-document")]
+    for shape, key in cells:
+        provider = PROVIDERS[key]
+        args, _ = shape.draw()
+        with provider.context():
+            row = shape.check(shape.prepare(provider.fn, args)(), args)
+        bound = grad_tolerance(getattr(torch, shape.dtype)) if mode == "bwd" else tolerance(getattr(torch, shape.dtype))
+        assert row["rel_err_head0"] <= bound, (key, shape, row)
