@@ -21,7 +21,7 @@ import torch
 import tutorial_kernels
 from tutorial_kernels import ch05_flash_v2, paths
 assert tutorial_kernels.__file__.startswith(sys.argv[1]), tutorial_kernels.__file__
-q = torch.randn(1, 2, 17, 32)
+q = torch.randn(1, 2, 17, 32, device="cuda" if torch.cuda.is_available() else "cpu")  # the GPU where there is one
 out = ch05_flash_v2.flash_attn_v2(q, q, q, True)
 err = (out.double() - tutorial_kernels.reference_attention(q, q, q, True)).norm() / out.double().norm()
 assert err < 1e-5, err

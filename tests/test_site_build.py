@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import require
+
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 CHAPTERS = sorted((DOCS / "chapters").glob("*.md"))
@@ -176,6 +178,7 @@ def test_no_page_loads_anything_from_the_network(built_site):
 def test_figure_hook(tmp_path, mkdocs_build):
     """A known figure becomes a plotly div, even inside an admonition; a marker in code stays code;
     an unknown name fails the build and says where."""
+    require("plotly")  # a site dependency: the GPU machine's image may lack it
     from tutorial_kernels import figures as plots
 
     import plotly.graph_objects as go

@@ -24,7 +24,7 @@ from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.runs import file_lines, short_line
 from tutorial_kernels.figures.style import (SIZES, WAVE_COLOURS, add_notes, concept_layout, log_ticks, measured_layout,
-                                           style_figure)
+                                           set_alt, style_figure)
 from tutorial_kernels.figures.tables import Table
 
 NOT_NOW = "#dfe3ea"  # computed at another step
@@ -153,6 +153,9 @@ def ring_balance(world: int = 4) -> go.Figure:
                    "blocks every step; a step lasts as long as its busiest GPU, so the others wait. Cut zig-zag, "
                    "every GPU does two blocks at every step. 'busy': the work done over what the GPUs could have "
                    "done in the steps' time.")
+    set_alt(fig, f"Bars of the work each of {world} GPUs does at each step of a causal ring, for the sequence cut into "
+                 "contiguous slices and cut zig-zag. Contiguous: from step 1 on the first GPU has nothing to do while the "
+                 "last does full blocks. Zig-zag: every GPU does the same two blocks at every step.")
     style_figure(fig, "Why causal rings cut zig-zag: work per GPU per step", None, height=460)
     return fig
 

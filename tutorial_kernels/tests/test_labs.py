@@ -162,7 +162,8 @@ def test_the_lab_notebook_starts_from_the_modules_skeletons(lab):
 
 @pytest.mark.parametrize("lab", LAB_MODULES)
 def test_every_lab_is_on_the_site_under_its_chapter(lab):
-    """Each lab's notebook is in the nav right after its chapter's notebook, and its chapter page links it."""
+    """Each lab's notebook is in the nav right after its chapter's notebook, in the chapter's section, and its
+    chapter page links it."""
     from pathlib import Path
 
     import yaml
@@ -173,7 +174,8 @@ def test_every_lab_is_on_the_site_under_its_chapter(lab):
     # from `nav:` on: the rest of mkdocs.yml holds tags (!!python/name) that safe_load refuses
     nav = yaml.safe_load("nav:" + (root / "mkdocs.yml").read_text(encoding="utf-8").split("\nnav:", 1)[1])
     chapters = next(entry["Chapters"] for entry in nav["nav"] if isinstance(entry, dict) and "Chapters" in entry)
-    pages = [next(iter(entry.values())) for entry in chapters]
+    # a section per chapter (its text, notebook and lab), in order
+    pages = [next(iter(page.values())) for section in chapters for page in next(iter(section.values()))]
     number = lab.removeprefix("ch")
     assert notebook in pages, f"{notebook} is not in mkdocs.yml's nav"
     chapter_notebook = next(p for p in pages if p.startswith(f"notebooks/{number}_"))
