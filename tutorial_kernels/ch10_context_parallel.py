@@ -356,17 +356,27 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
 # --8<-- [end:ulysses]
 
 
+# --8<-- [start:rule]
+def prefers_all_to_all(heads: int, kv_heads: int, world: int) -> bool:
+    """Whether the all-to-all beats the ring: its heads must divide among the ranks, and it must move less.
+    Per rank the ring sends K and V on P − 1 times, 2 (P − 1) H_kv values per position; the all-to-all
+    exchanges Q, K, V and O once, (2 H + 2 H_kv)(P − 1) / P. At equal volume the ring wins: its hops hide
+    behind its kernels, the all-to-all's exchanges do not."""
+    divides = heads % world == 0 and kv_heads % world == 0
+    return world > 1 and divides and world * kv_heads > heads + kv_heads
+# --8<-- [end:rule]
+
+
 def context_parallel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                                sm_scale: float | None = None, *, group=None, seq_len: int | None = None,
                                method: str = "auto") -> torch.Tensor:
-    """`ring_attention` or `ulysses_attention` (method "ring", "ulysses", or "auto": all-to-all where the
-    heads divide among the ranks, the ring otherwise)."""
+    """`ring_attention` or `ulysses_attention`: method "ring", "ulysses", or "auto" (`prefers_all_to_all`)."""
     world, _ = _group_info(group)
     if method not in ("auto", "ring", "ulysses"):
         raise ValueError(f"method must be 'auto', 'ring' or 'ulysses', got {method!r}")
     if method == "auto":
         fits = isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.dim() == 4 and k.dim() == 4
-        method = "ulysses" if fits and q.shape[1] % world == 0 and k.shape[1] % world == 0 else "ring"
+        method = "ulysses" if fits and prefers_all_to_all(q.shape[1], k.shape[1], world) else "ring"
     call = ulysses_attention if method == "ulysses" else ring_attention
     return call(q, k, v, causal, sm_scale, group=group, seq_len=seq_len)
 
@@ -393,4 +403,4 @@ def sharded_versus_whole(rank: int, world: int, seq_len: int, heads: int = 4, kv
 
 
 __all__ = ["ring_attention", "ulysses_attention", "context_parallel_attention", "shard_sequence", "unshard_sequence",
-           "zigzag_chunks", "zigzag_positions", "merge_partials", "ring_blocks", "sharded_versus_whole"]
+           "zigzag_chunks", "zigzag_positions", "merge_partials", "ring_blocks", "sharded_versus_whole", "prefers_all_to_all"]

@@ -238,7 +238,8 @@ def _ring_with_merge(rank: int, world: int, source: str, name: str, seed: int) -
         lse.copy_(new_lse)
 
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(1, 2, 40, 16, generator=g) for _ in range(3))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=g).to(device) for _ in range(3))
     whole = flash_attention(q, k, v, True)
     local = [ch10_context_parallel.shard_sequence(t) for t in (q, k, v)]
     out, _ = ch10_context_parallel._ring_forward(*local, True, 0.25, None, None, merge=in_place)

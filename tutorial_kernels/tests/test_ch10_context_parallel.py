@@ -10,8 +10,8 @@ import math
 import pytest
 import torch
 
-from tutorial_kernels.ch10_context_parallel import (context_parallel_attention, merge_partials, ring_attention,
-                                                    ring_blocks, shard_sequence, ulysses_attention,
+from tutorial_kernels.ch10_context_parallel import (context_parallel_attention, merge_partials, prefers_all_to_all,
+                                                    ring_attention, ring_blocks, shard_sequence, ulysses_attention,
                                                     unshard_sequence, zigzag_chunks, zigzag_positions)
 from tutorial_kernels.ranks import run_ranks
 from tutorial_kernels.reference import reference_attention
@@ -159,3 +159,16 @@ def test_one_rank_is_the_front_door():
         context_parallel_attention(q, k, v, method="tree")
     with pytest.raises(ValueError, match=r"k and v must hold the same positions as q"):
         ring_attention(q, k[:, :, :5], v)
+
+
+@pytest.mark.parametrize("heads, kv_heads, world, expected", [
+    (32, 32, 1, False),  # one rank: nothing to exchange
+    (32, 32, 2, False),  # equal volume: the ring, whose hops hide
+    (32, 32, 4, True),
+    (32, 8, 4, False),   # grouped-query: the ring's shards are 4 times smaller, it moves less
+    (32, 8, 8, True),
+    (32, 8, 16, False),  # 8 key/value heads do not divide among 16 ranks
+    (12, 12, 8, False),
+])
+def test_the_rule_between_ring_and_all_to_all(heads, kv_heads, world, expected):
+    assert prefers_all_to_all(heads, kv_heads, world) is expected
