@@ -198,11 +198,12 @@ class _EagerAttention(torch.autograd.Function):
         o, lse = _train_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.causal, ctx.sm_scale = causal, sm_scale
-        return o
+        ctx.mark_non_differentiable(lse)  # returned for return_lse; no gradient flows through it
+        return o, lse
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, do):
+    def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
         return *_train_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale), None, None
 
@@ -220,7 +221,7 @@ def _traced(q: torch.Tensor) -> bool:
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     sm_scale: float | None = None, *, out: torch.Tensor | None = None,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                    alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                    alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
     """softmax(sm_scale · Q Kᵀ) V through the fastest kernel of this tutorial that is correct for the
     inputs, forward and backward (see the module docstring).
 
@@ -232,10 +233,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     window_size, softcap, alibi_slopes: chapter 9's variants, flash-attn's arguments (a sliding window
     (left, right) around the bottom-right diagonal, −1 for no bound; c · tanh(S / c); ALiBi's per-head
     slopes, float32 (H,) or (B, H)); a call with any of them runs chapter 9's kernels, not with `out`.
+    return_lse: also return each row's log Σ_j e^{S_ij}, (B, H, n_q) float32 (−∞ for a query that sees no
+    key), flash-attn's `softmax_lse`; no gradient flows through it.
     Raises TypeError / ValueError naming the argument for inputs outside this contract.
     """
     if window_size != (-1, -1) or softcap != 0.0 or alibi_slopes is not None:
-        return _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes)
+        return _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes, return_lse)
+    if return_lse:
+        return _with_lse(q, k, v, causal, sm_scale, out)
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     if _traced(q):  # traced once: the operators go into the graph
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
@@ -261,7 +266,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             _DECISIONS[key] = decision
     kernel, scale, relaunch, plan = decision
     if kernel == "train":
-        return _EagerAttention.apply(q, k, v, causal, scale)
+        return _EagerAttention.apply(q, k, v, causal, scale)[0]
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if plan is not None and relaunch(plan, q, k, v, out):
@@ -275,15 +280,36 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     return out
 
 
-def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes) -> torch.Tensor:
+def _with_lse(q, k, v, causal, sm_scale, out) -> tuple[torch.Tensor, torch.Tensor]:
+    """`flash_attention(..., return_lse=True)` without variants: the training forward, which writes the
+    log-sum-exp, under autograd where gradients are needed (through the operator when traced)."""
+    training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+    scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
+    if q.shape[0] * q.shape[1] > MAX_GRID_Y:
+        raise ValueError(f"return_lse: batch × heads above {MAX_GRID_Y} runs in slices, which return no "
+                         f"log-sum-exp; got q {tuple(q.shape)}")
+    if _traced(q):
+        o, lse = _attention_fwd(q, k, v, bool(causal), scale)
+    elif training:
+        o, lse = _EagerAttention.apply(q, k, v, bool(causal), scale)
+    else:
+        o, lse = _train_forward(q, k, v, bool(causal), scale)
+    if out is not None:
+        out.copy_(o)
+        o = out
+    return o, lse
+
+
+def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes, return_lse=False):
     """Chapter 9's kernels, for a call with a window, a softcap or ALiBi slopes. They launch eagerly:
     under torch.compile the call is a graph break (`_eagerly`)."""
     if torch.compiler.is_compiling():
-        return _eagerly(_with_variants)(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes)
+        return _eagerly(_with_variants)(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes,
+                                        return_lse)
     if out is not None:
         raise ValueError("out: a call with window_size, softcap or alibi_slopes returns a new tensor; pass out=None")
     return flash_attn_variants(q, k, v, causal, sm_scale, window_size=window_size, softcap=softcap,
-                               alibi_slopes=alibi_slopes)
+                               alibi_slopes=alibi_slopes, return_lse=return_lse)
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

@@ -375,3 +375,31 @@ def test_a_new_length_in_a_compiled_bucket_compiles_nothing(causal):
         assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
         counts.append([_compiled(kernel) for kernel in kernels])
     assert all(c == counts[0] for c in counts), f"forward binaries per kernel after n = 1000, 1024, 1008, 1017: {counts}"
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "training"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_return_lse_gives_each_rows_log_sum_exp(causal, training):
+    """flash-attn's softmax_lse: log Σ_j e^{S_ij} per row against float64 (−∞ for a row that sees no key,
+    causal with n_q > n_k), the output unchanged, no gradient through the lse; with out= and the variants."""
+    from tutorial_kernels.reference import reference_log_sum_exp, reference_scores
+
+    x = random_qkv(2, 4, 37, 29, 32, torch.float32)
+    x_q, x_k, x_v = x.q, x.k[:, :2], x.v[:, :2]  # grouped-query: 2 key/value heads, strided views
+    q, k, v = (t.clone().requires_grad_(training) for t in (x_q, x_k, x_v))
+    o, lse = flash_attention(q, k, v, causal, return_lse=True)
+    expected = reference_log_sum_exp(reference_scores(x_q, x_k, causal))
+    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 37) and not lse.requires_grad
+    assert torch.equal(torch.isinf(lse), torch.isinf(expected)), f"seed={x.seed}"
+    seen = torch.isfinite(expected)
+    torch.testing.assert_close(lse.double()[seen], expected[seen], atol=1e-4, rtol=1e-5, msg=lambda m: f"{m}; seed={x.seed}")
+    assert_close(o.detach(), reference_attention(x_q, x_k, x_v, causal), torch.float32, seed=x.seed)
+    if training:
+        o.sum().backward()
+        assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
+    else:
+        out = poisoned((2, 4, 37, 32), torch.float32, q.device)
+        o2, lse2 = flash_attention(x_q, x_k, x_v, causal, out=out, return_lse=True)
+        assert o2 is out and torch.equal(lse2, lse)
+    _, lse_window = flash_attention(x_q, x_k, x_v, causal, window_size=(500, 500), return_lse=True)
+    torch.testing.assert_close(lse_window, lse, atol=1e-4, rtol=1e-5)  # a window wider than the sequence: no change
