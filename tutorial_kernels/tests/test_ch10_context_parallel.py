@@ -172,3 +172,21 @@ def test_one_rank_is_the_front_door():
 ])
 def test_the_rule_between_ring_and_all_to_all(heads, kv_heads, world, expected):
     assert prefers_all_to_all(heads, kv_heads, world) is expected
+
+
+def test_the_front_doors_block_calls_refuse_by_name():
+    """flash_attention_forward / flash_attention_backward, what the ring calls per block: the inputs'
+    contract checked with the front door's messages, and the given O and lse checked by name."""
+    from tutorial_kernels.attention import flash_attention_backward, flash_attention_forward
+
+    g = torch.Generator().manual_seed(fresh_seed())
+    q, k, v = (torch.randn(1, 2, 20, 16, generator=g).to(default_device()) for _ in range(3))
+    o, lse = flash_attention_forward(q, k, v, True)
+    with pytest.raises(ValueError, match=r"lse must be a tensor of shape \(1, 2, 20\), got \(1, 2, 19\)"):
+        flash_attention_backward(o, q, k, v, o, lse[..., :19], True)
+    with pytest.raises(ValueError, match=r"do and o must have q's dtype torch.float32 and lse float32"):
+        flash_attention_backward(o.half(), q, k, v, o, lse, True)
+    with pytest.raises(ValueError, match="head_dim"):
+        flash_attention_forward(q[..., :8], k[..., :8], v[..., :8])
+    dq, dk, dv = flash_attention_backward(torch.ones_like(o), q, k, v, o, lse, True)
+    assert dq.shape == q.shape and dk.shape == k.shape and torch.isfinite(dv).all()
