@@ -7,6 +7,8 @@ backward (data/ch06_memory.json; on the Benchmarks page too).
 
 from __future__ import annotations
 
+import re
+
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -116,3 +118,63 @@ def bench_memory(data: dict | bool | None = None) -> go.Figure:
     return measured_layout(fig, data, f"Memory of one forward + backward vs N (B = {r0['batch']}, H = {r0['heads']}, "
                                       f"d = {r0['head_dim']}, {r0['dtype']}{', causal' if r0['causal'] else ''})",
                            height=600)
+
+
+# (tensor, where it lives during the dK/dV kernel's step for one pair of tiles)
+BACKWARD_TENSORS = [("Q_i", "HBM → chip"), ("dO_i", "HBM → chip"), ("L_i", "HBM → chip"), ("Δ_i", "HBM → chip"),
+                    ("K_j", "chip, whole loop"), ("V_j", "chip, whole loop"), ("Sᵀ", "chip, this step"),
+                    ("Pᵀ", "chip, this step"), ("dPᵀ", "chip, this step"), ("dSᵀ", "chip, this step"),
+                    ("dV_j", "chip, float32 sum"), ("dK_j", "chip, float32 sum"), ("dQ_i", "HBM (2nd kernel)")]
+# (operation, {tensor: role}); roles: "read" an operand, "made" computed here, "added" accumulated into
+BACKWARD_STEPS = [
+    ("load Q_i, dO_i, L_i, Δ_i", {"Q_i": "made", "dO_i": "made", "L_i": "made", "Δ_i": "made"}),
+    ("1: Sᵀ = τ K_j Q_iᵀ", {"K_j": "read", "Q_i": "read", "Sᵀ": "made"}),
+    ("Pᵀ = exp(Sᵀ − L_i)", {"Sᵀ": "read", "L_i": "read", "Pᵀ": "made"}),
+    ("2: dV_j += Pᵀ dO_i", {"Pᵀ": "read", "dO_i": "read", "dV_j": "added"}),
+    ("3: dPᵀ = V_j dO_iᵀ", {"V_j": "read", "dO_i": "read", "dPᵀ": "made"}),
+    ("dSᵀ = Pᵀ∘(dPᵀ − Δ_i)", {"Pᵀ": "read", "dPᵀ": "read", "Δ_i": "read", "dSᵀ": "made"}),
+    ("4: dK_j += τ dSᵀ Q_i", {"dSᵀ": "read", "Q_i": "read", "dK_j": "added"}),
+    ("5: dQ_i += τ dS K_j", {"dSᵀ": "read", "K_j": "read", "dQ_i": "added"}),
+]
+ROLE_NAMES = ["not used", "read", "loaded or computed here", "accumulated into"]
+ROLE_COLOURS = ["#f4f5f7", "#9ecae1", "#fdae6b", "#74c476"]
+
+
+@figure("concept-backward-step")
+def backward_step() -> go.Figure:
+    """One step of chapter 6's dK/dV kernel for a pair of tiles (key tile j kept, query tile i visiting): which
+    tensors each operation reads, computes and accumulates into, with where each lives; dQ's product is the
+    separate kernel's, which recomputes Sᵀ, Pᵀ, dPᵀ and dSᵀ the same way."""
+    from tutorial_kernels.figures.concepts import NOTE, discrete_scale, hover, legend_entry, narrow_diagram
+    from tutorial_kernels.figures.style import add_notes, concept_layout
+
+    names = [re.sub(r"_(\w)", r"<sub>\1</sub>", name) for name, _ in BACKWARD_TENSORS]  # Q_i → Q<sub>i</sub>
+    z, about = [], []
+    role_index = {"read": 1, "made": 2, "added": 3}
+    for op, roles in BACKWARD_STEPS:
+        z.append([role_index.get(roles.get(name), 0) for name, _ in BACKWARD_TENSORS])
+        about.append([hover(f"{op}: {name} ({where}) is " + {0: "not used", 1: "read", 2: "computed here",
+                                                             3: "accumulated into"}[role_index.get(roles.get(name), 0)])
+                      for name, where in BACKWARD_TENSORS])
+    rows = [re.sub(r"_(\w)", r"<sub>\1</sub>", op) for op, _ in BACKWARD_STEPS]
+    fig = go.Figure(go.Heatmap(z=z, x=names, y=rows, zmin=0, zmax=3,
+                               colorscale=discrete_scale(ROLE_COLOURS), showscale=False, xgap=2, ygap=2,
+                               customdata=about, hovertemplate="%{customdata}<extra></extra>"))
+    for name, colour in zip(ROLE_NAMES[1:], ROLE_COLOURS[1:]):
+        fig.add_trace(legend_entry(name, colour))
+    add_notes(fig, "Rows 1 to 5 are the five matrix products; the others are elementwise. Where each tensor lives: Q_i, dO_i, L_i, Δ_i come from HBM at each step; K_j, V_j and the float32 sums "
+                   "dK_j, dV_j stay on chip for the program's whole loop; Sᵀ, Pᵀ, dPᵀ, dSᵀ exist on chip for one step; "
+                   "dQ_i is summed in HBM by the second kernel.",
+              "Rows: one step of the dK/dV kernel, in order, for key tile j and the visiting query tile i. Four of the "
+                   "five products happen in it; the fifth, dQ_i += τ dS K_j, is the separate dQ kernel's, which "
+                   "recomputes Sᵀ, Pᵀ, dPᵀ and dSᵀ for the same pair. Nothing n × n is ever written to HBM.")
+    narrow_diagram(fig, ticks=True, **{"+height": 160})
+    concept_layout(fig, "One step of the backward: five products, what each reads and where it lives", (
+        "A grid of the backward's operations for one pair of tiles (rows) against the tensors involved "
+        "(columns, each labelled with where it lives: loaded from HBM per step, kept on chip for the whole loop, "
+        "computed on chip for this step only, or a float32 sum on chip). Cells mark what each operation reads, "
+        "computes and accumulates into: the recomputation of S and P from Q, K and L, then the products for dV, "
+        "dP and dK, and dQ's product in its own kernel."), height=520, margin=dict(l=170, t=120))
+    fig.update_yaxes(autorange="reversed", showticklabels=True, tickfont=dict(size=NOTE))  # after the diagram's
+    fig.update_xaxes(showticklabels=True, side="top", tickfont=dict(size=NOTE))  # layout, which hides ticks
+    return fig
