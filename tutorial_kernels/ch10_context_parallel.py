@@ -105,7 +105,7 @@ def merge_partials(o: torch.Tensor, lse: torch.Tensor, o_part: torch.Tensor, lse
     seen = new > -math.inf
     w_old = torch.where(seen, torch.exp(lse - new), 0.0).unsqueeze(-1)
     w_part = torch.where(seen, torch.exp(lse_part - new), 0.0).unsqueeze(-1)
-    o.mul_(w_old).addcmul_(w_part, o_part)  # two passes over O: it is d times larger than the weights
+    o.mul_(w_old).addcmul_(w_part, o_part)  # two in-place passes over O, no temporary of O's size
     lse.copy_(new)
 # --8<-- [end:merge]
 

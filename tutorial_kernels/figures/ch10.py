@@ -240,8 +240,6 @@ def overlap_bars(data: dict | None = None) -> go.Figure:
     fig.update_yaxes(autorange="reversed")
     add_notes(fig, "The ring's forward (each GPU's P steps, the key/value shard sent on while a step computes) "
                    "against its two halves timed alone: the same steps' kernels on the GPU's own shard with nothing "
-                   "sent, and the P − 1 hops of the shard with nothing computed. Where the hops take less time than "
-                   "a step's kernels, they add nothing: what the ring takes beyond its kernels is its own bookkeeping "
-                   "(the merges, the float32 running output), which matters only where the kernels are short.")
+                   "sent (without the merges), and the P − 1 hops of the shard with nothing computed.")
     return measured_layout(fig, None, "Sending while computing: the ring's forward and its parts", runs=_gpus_runs(data),
                            height=520)

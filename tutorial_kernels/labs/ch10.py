@@ -255,7 +255,9 @@ def _grade_merge(fn) -> tuple[int, int, Failure | None]:
             got = fn(parts[0].float(), parts[1].float(), parts[2].float(), parts[3].float())
             got = (got[0], got[1])
         except Exception as exc:  # noqa: BLE001
-            return i, total, Failure(str(case), _raised(exc), ["Write it from the docstring, one TODO a line."])
+            return i, total, Failure(str(case), _raised(exc), [
+                "Return the pair (o, lse) as new tensors (the chapter's merge_partials works in place and returns "
+                "nothing); write it from the docstring, one TODO a line."])
         o, lse = parts[4], parts[5]
         good = (torch.isfinite(got[0]).all() and torch.allclose(got[0].double(), o, atol=1e-4, rtol=1e-4)
                 and torch.equal(torch.isinf(got[1]), torch.isinf(lse))
