@@ -153,6 +153,11 @@ def _sizes(seq_len: int | None, n_local: int, world: int) -> int:
     return seq_len if seq_len is not None else n_local * world
 
 
+def _buffers(k: torch.Tensor, v: torch.Tensor, length: int, dtype: torch.dtype | None = None) -> list[torch.Tensor]:
+    """Room to receive a K/V shard of `length` positions (or, with dtype, its float32 gradient sums)."""
+    return [torch.empty(t.shape[:2] + (length,) + t.shape[3:], dtype=dtype or t.dtype, device=t.device) for t in (k, v)]
+
+
 # --8<-- [start:ring_forward]
 def _ring_forward(q, k, v, causal, sm_scale, group, seq_len, merge=merge_partials):
     """Ring attention's forward on this rank's shards: (O in q's dtype, lse float32 (B, H, n_local)).
@@ -167,9 +172,7 @@ def _ring_forward(q, k, v, causal, sm_scale, group, seq_len, merge=merge_partial
         source = (rank - step) % world  # whose keys and values this rank holds at this step
         pending = None
         if step + 1 < world:  # the next slice travels while this one is computed
-            src_next = (rank - step - 1) % world
-            incoming = [torch.empty(k.shape[:2] + (lengths[src_next],) + k.shape[3:], dtype=k.dtype, device=k.device),
-                        torch.empty(v.shape[:2] + (lengths[src_next],) + v.shape[3:], dtype=v.dtype, device=v.device)]
+            incoming = _buffers(k, v, lengths[(rank - step - 1) % world])
             pending = ring.start(list(held), incoming)
         for rows, keys, block_causal in ring_blocks(rank, source, causal, _chunk_lengths(n, world, rank),
                                                     _chunk_lengths(n, world, source)):
@@ -206,9 +209,7 @@ def _ring_backward(do, q, k, v, o, lse, causal, sm_scale, group, seq_len):
         source = (rank - step) % world
         kv_pending = None
         if step + 1 < world:
-            src_next = (rank - step - 1) % world
-            incoming = [torch.empty(k.shape[:2] + (lengths[src_next],) + k.shape[3:], dtype=k.dtype, device=k.device),
-                        torch.empty(v.shape[:2] + (lengths[src_next],) + v.shape[3:], dtype=v.dtype, device=v.device)]
+            incoming = _buffers(k, v, lengths[(rank - step - 1) % world])
             kv_pending = ring.start(list(held), incoming)
         dk_part = torch.zeros(held[0].shape, dtype=torch.float32, device=k.device)
         dv_part = torch.zeros(held[1].shape, dtype=torch.float32, device=v.device)
@@ -229,10 +230,7 @@ def _ring_backward(do, q, k, v, o, lse, causal, sm_scale, group, seq_len):
             dv_part += dkv[1]
             dkv = None  # free before the next pair of buffers is allocated
         if world > 1:  # on to the next rank; at the last step that is the slice's home
-            dkv = [torch.empty(k.shape[:2] + (lengths[(source - 1) % world],) + k.shape[3:], dtype=torch.float32,
-                               device=k.device),
-                   torch.empty(v.shape[:2] + (lengths[(source - 1) % world],) + v.shape[3:], dtype=torch.float32,
-                               device=v.device)]
+            dkv = _buffers(k, v, lengths[(source - 1) % world], torch.float32)
             dkv_pending = ring.start([dk_part, dv_part], dkv)
         else:
             dkv = (dk_part, dv_part)
