@@ -15,9 +15,12 @@ Which kernel runs (`kernel_for`):
   (`ch07_hopper_backward.preferred_over_triton`), its Gluon kernel, unless
   `torch.use_deterministic_algorithms(True)` asks for reproducible gradients (its dQ is summed with
   atomic additions); elsewhere chapter 6's kernels, autotuned on a GPU;
-* a call with a sliding window, a softcap or ALiBi slopes, and `flash_attention_varlen`'s packed
-  batches: chapter 9's kernels, forward and backward (one readable configuration, not tuned), run
-  eagerly (under torch.compile the graph breaks around them).
+* a call with a sliding window alone, where chapter 7's forward would run the call without it:
+  chapter 7's kernels with the window's bounds (the key tiles outside it never loaded), the
+  backward as above, chapter 9's where the Hopper backward does not run;
+* a call with a softcap or ALiBi slopes, other windows, and `flash_attention_varlen`'s packed
+  batches: chapter 9's kernels, forward and backward (one readable configuration, not tuned);
+  every call with a variant runs eagerly (under torch.compile the graph breaks around it).
 
 Both calls are `torch.library` custom operators (`tutorial_kernels::attention_into`, `::attention_fwd`,
 `::attention_bwd`) with fake implementations for shapes and an autograd formula, so that
@@ -43,11 +46,11 @@ from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
 from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key, relaunch_kvcache, run_kvcache
-from tutorial_kernels.ch09_variants import flash_attn_variants, flash_attn_varlen
+from tutorial_kernels.ch09_variants import flash_attn_variants, flash_attn_variants_backward, flash_attn_varlen
 from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
                                           preferred_over_triton)
 from tutorial_kernels.perf.launch_plan import attention_call_key
-from tutorial_kernels.validation import check_attention_inputs, check_out
+from tutorial_kernels.validation import check_attention_inputs, check_out, check_window_size
 
 MAX_HEAD_DIM = 256
 # CUDA runs at most 65535 programs along a grid's y axis, where every kernel here puts batch × heads:
@@ -308,8 +311,42 @@ def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_s
                                         return_lse)
     if out is not None:
         raise ValueError("out: a call with window_size, softcap or alibi_slopes returns a new tensor; pass out=None")
+    if softcap == 0.0 and alibi_slopes is None:  # a window alone: on Hopper, chapter 7's kernels take it
+        training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
+        scale = _checked_scale(q, k, v, causal, sm_scale, None, training)
+        window_size = check_window_size(window_size)
+        if q.shape[0] * q.shape[1] <= MAX_GRID_Y and kernel_for(q, k, v, causal) == "hopper":
+            o, lse = _HopperWindow.apply(q, k, v, bool(causal), scale, window_size)
+            return (o, lse) if return_lse else o
     return flash_attn_variants(q, k, v, causal, sm_scale, window_size=window_size, softcap=softcap,
                                alibi_slopes=alibi_slopes, return_lse=return_lse)
+
+
+class _HopperWindow(torch.autograd.Function):
+    """A sliding window through chapter 7's Hopper kernels: the forward always; the backward where
+    `backward_kernel_for` picks the Hopper backward, else chapter 9's kernels from the same O and
+    log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, sm_scale, window_size):
+        o, lse = flash_attn_hopper_with_lse(q, k, v, causal, sm_scale, window_size=window_size)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal, ctx.sm_scale, ctx.window_size = causal, sm_scale, window_size
+        ctx.mark_non_differentiable(lse)
+        return o, lse
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, do, _dlse):
+        q, k, v, o, lse = ctx.saved_tensors
+        do = do.contiguous()
+        if backward_kernel_for(q, k, v, do, ctx.causal) == "hopper":
+            grads = ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale,
+                                                                    window_size=ctx.window_size)
+        else:
+            grads = flash_attn_variants_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale,
+                                                 window_size=ctx.window_size)
+        return *grads, None, None, None
 
 
 def flash_attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,

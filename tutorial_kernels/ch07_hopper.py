@@ -39,7 +39,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.perf.launch_plan import LaunchPlans, attention_call_key
 from tutorial_kernels.tiling import LOG2_E
-from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs, check_out
+from tutorial_kernels.validation import UnsupportedShape, check_attention_inputs, check_out, check_window_size
 
 # Triton 3.6 names the TMA load async_copy_global_to_shared; later versions async_load.
 tma_load = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
@@ -77,11 +77,15 @@ PREFERRED_HEAD_DIMS = (128, 256)
 
 # --8<-- [start:work_item]
 @gluon.jit
-def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.constexpr,
-               block_n: gl.constexpr):
+def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr,
+               WINDOW: gl.constexpr, block_m: gl.constexpr, block_n: gl.constexpr):
     """Work item w: one 128-row query tile of one (batch, head), as (batch, head, kv_head, first_row,
-    n_full, n_tiles). Key tiles [0, n_full) are visible to every row of it; [n_full, n_tiles) cross
-    the causal diagonal or the end of the keys and are masked.
+    lo, left_full, n_full, n_tiles). Query i sees key j when i + edge ≤ j and, CAUSAL, j ≤ i + diag
+    (`band_offsets`: plain causal attention is diag = n_k − n_q with no left edge; a sliding window
+    adds one). The item visits key tiles [lo, n_tiles) only; of them [left_full, n_full) are visible
+    to every row of it, the others cross the window's left edge, the causal diagonal or the end of
+    the keys and are masked. Without WINDOW (no left edge: `band_offsets` puts edge so far left that
+    no row's keys reach it) lo = left_full = 0, known to the compiler.
 
     The (batch, head) pairs are cut into sections of `section` consecutive pairs, whose keys and
     values fit in L2 together; items go section by section, and within a section query tile by
@@ -97,17 +101,25 @@ def _work_item(w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.const
     bh = first_bh + within % pairs
     if CAUSAL:
         pid_m = n_m - 1 - m_rank
-        first_row_sees = pid_m * block_m + (n_k - n_q) + 1  # keys the tile's first row sees
-        last_row_sees = (pid_m + 1) * block_m + (n_k - n_q)  # … and its last row
+        first_row_sees = pid_m * block_m + diag + 1  # keys the tile's first row sees
+        last_row_sees = (pid_m + 1) * block_m + diag  # … and its last row
         n_full = gl.maximum(gl.minimum(first_row_sees, n_k), 0) // block_n
         n_tiles = gl.cdiv(gl.maximum(gl.minimum(last_row_sees, n_k), 0), block_n)
     else:
         pid_m = m_rank
         n_full = n_k // block_n
         n_tiles = gl.cdiv(n_k, block_n)
+    first_row = pid_m * block_m
+    if WINDOW:  # the left edge: the first row sees keys from first_row + edge on, the last row from … + block_m − 1
+        lo = gl.minimum(gl.maximum(first_row + edge, 0) // block_n, n_tiles)
+        left_full = gl.minimum(gl.maximum(gl.cdiv(gl.maximum(first_row + block_m - 1 + edge, 0), block_n), lo),
+                               n_tiles)
+    else:
+        lo = 0
+        left_full = 0
     head = bh % n_heads
-    # one description for both sides: the loader uses kv_head, the consumers n_full
-    return bh // n_heads, head, head // group_size, pid_m * block_m, n_full, n_tiles  # H_kv = H / group_size
+    # one description for both sides: the loader uses kv_head and the tile range, the consumers all of it
+    return bh // n_heads, head, head // group_size, first_row, lo, left_full, n_full, n_tiles  # H_kv = H / group_size
 # --8<-- [end:work_item]
 
 
@@ -128,7 +140,7 @@ def _dealt_item(deal):
 # --8<-- [start:loader]
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr):
     """One warp, for each of this program's work items: the item's first K/V tile into the next stage
     of the ring; both halves of its Q tile, once both consumer warpgroups have staged the previous
     item's output in the Q buffer and read it back out; then the item's other K/V tiles, each as
@@ -143,16 +155,17 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
     for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
         w = _dealt_item(deal)
         if w < n_items:
-            batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
-                w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
-            if n_tiles > 0:  # tile 0 first: it need not wait for the previous item's output
-                _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, 0)
+            # the general tile range (WINDOW=True): without a window it starts at tile 0 all the same
+            batch, head, kv_head, first_row, lo, left_full, n_full, n_tiles = _work_item(
+                w, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, True, 2 * rows_per_wg, block_n)
+            if n_tiles > lo:  # the first tile first: it need not wait for the previous item's output
+                _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, lo)
                 loaded += 1
             mbarrier.wait(q_empty, (started + 1) & 1, pred=started > 0)  # the previous O has left the buffer
             mbarrier.expect(q_full, 2 * q_desc.block_type.nbytes)
             tma_load(q_desc, [batch, head, first_row, 0], q_full, q_smem.index(0))
             tma_load(q_desc, [batch, head, first_row + rows_per_wg, 0], q_full, q_smem.index(1))
-            for t in range(1, n_tiles):
+            for t in range(lo + 1, n_tiles):
                 _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, t)
                 loaded += 1
             started += 1
@@ -178,24 +191,28 @@ def _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded,
 
 # --8<-- [start:consumer]
 @gluon.jit
-def _hide_invisible(s, t, offs_m, n_q, n_k, CAUSAL: gl.constexpr, block_n: gl.constexpr, cols_layout: gl.constexpr):
-    """Scores of key tile t with −∞ where a key lies past n_k (the copy engine's zeros) or, causal,
-    past the bottom-right-aligned diagonal."""
+def _hide_invisible(s, t, offs_m, n_k, diag, edge, CAUSAL: gl.constexpr, WINDOW: gl.constexpr, block_n: gl.constexpr,
+                    cols_layout: gl.constexpr):
+    """Scores of key tile t with −∞ where a key lies past n_k (the copy engine's zeros), WINDOW, left
+    of the window (j < i + edge) or, CAUSAL, past the diagonal (j > i + diag)."""
     cols = t * block_n + gl.arange(0, block_n, cols_layout)
     visible = cols[None, :] < n_k
+    if WINDOW:
+        visible = visible & (cols[None, :] >= offs_m[:, None] + edge)
     if CAUSAL:
-        visible = visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))
+        visible = visible & (cols[None, :] <= offs_m[:, None] + diag)
     return gl.where(visible, s, float("-inf"))
 
 
 # --8<-- [start:overlapped_step]
 @gluon.jit
 def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p_prev, m_i, l_i, no_scores,
-                     offs_m, n_q, n_k, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr):
+                     offs_m, n_k, diag, edge, qk_scale, MASKED: gl.constexpr, CAUSAL: gl.constexpr,
+                     WINDOW: gl.constexpr):
     """Key tile t (the program's ring_t-th) in FA3's order: issue S_t = Q K_tᵀ and O += P̃_{t-1}
     V_{t-1}, wait for S_t only, compute P̃_t while P̃_{t-1} V_{t-1} is still on the tensor cores,
-    then wait for it, release tile t-1 and rescale O by α_t. MASKED for tiles on the causal diagonal
-    or past n_k."""
+    then wait for it, release tile t-1 and rescale O by α_t. MASKED for tiles on the causal diagonal,
+    the window's left edge or past n_k."""
     stages: gl.constexpr = k_smem.shape[0]
     block_n: gl.constexpr = k_smem.shape[3]
     head_dim: gl.constexpr = k_smem.shape[4]
@@ -208,7 +225,7 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
     s = warpgroup_mma_wait(num_outstanding=1, deps=[s])  # S_t is done; P̃_{t-1} V_{t-1} may still run
     if MASKED:
         cols_layout: gl.constexpr = gl.SliceLayout(0, no_scores.type.layout)
-        s = _hide_invisible(s * qk_scale, t, offs_m, n_q, n_k, CAUSAL, block_n, cols_layout)
+        s = _hide_invisible(s * qk_scale, t, offs_m, n_k, diag, edge, CAUSAL, WINDOW, block_n, cols_layout)
         m_new = gl.maximum(m_i, gl.max(s, axis=1))
         shift = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that see nothing yet
         p = gl.exp2(s - shift[:, None])
@@ -227,12 +244,13 @@ def _overlapped_step(t, ring_t, q, k_smem, v_smem, full_bars, empty_bars, acc, p
 
 
 @gluon.jit
-def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n_tiles, n_q, n_k, qk_scale,
-                 CAUSAL: gl.constexpr):
-    """One warpgroup's 64 query rows from row0 on against the key tiles of one work item, which are
-    the program's ring tiles used, used + 1, …: tiles [0, n_full) unmasked, [n_full, n_tiles)
-    masked, both in FA3's overlapped order. Returns the un-normalised O, the row sums ℓ and the row
-    maxima m (log₂ units of the scaled scores)."""
+def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, lo, left_full, n_full, n_tiles, n_k, diag,
+                 edge, qk_scale, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    """One warpgroup's 64 query rows from row0 on against the key tiles [lo, n_tiles) of one work item,
+    which are the program's ring tiles used, used + 1, …: tiles [left_full, n_full) unmasked, those
+    before (the window's left edge, only WINDOW) and after (the diagonal and the ragged end) masked,
+    all in FA3's overlapped order. Returns the un-normalised O, the row sums ℓ and the row maxima m (log₂ units of
+    the scaled scores)."""
     dtype: gl.constexpr = k_smem.dtype
     rows_per_wg: gl.constexpr = q.shape[0]
     stages: gl.constexpr = k_smem.shape[0]
@@ -252,26 +270,39 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n
     m_i = gl.full([rows_per_wg], float("-inf"), gl.float32, s_rows)  # running max, log₂ units
     l_i = gl.zeros([rows_per_wg], gl.float32, s_rows)  # running Σ 2^(s − m)
     acc = gl.zeros([rows_per_wg, head_dim], gl.float32, o_layout)  # un-normalised O
-    if n_tiles > 0:
-        # tile 0 on its own: its P̃ V is issued together with tile 1's scores
+    if n_tiles > lo:
+        # the first tile on its own: its P̃ V is issued together with the next tile's scores
         mbarrier.wait(full_bars.index(used % stages), (used // stages) & 1)
         k_0 = k_smem.index(used % stages).reshape([block_n, head_dim]).permute((1, 0))
         s = warpgroup_mma(q, k_0, no_scores, use_acc=False) * qk_scale
-        if n_full == 0:
-            s = _hide_invisible(s, 0, offs_m, n_q, n_k, CAUSAL, block_n, gl.SliceLayout(0, s_layout))
+        if WINDOW:
+            first_masked = (lo < left_full) | (lo >= n_full)
+        else:
+            first_masked = n_full == 0
+        if first_masked:
+            s = _hide_invisible(s, lo, offs_m, n_k, diag, edge, CAUSAL, WINDOW, block_n, gl.SliceLayout(0, s_layout))
         m_i = gl.max(s, axis=1)
         p = gl.exp2(s - gl.where(m_i == float("-inf"), 0.0, m_i)[:, None])
         l_i = gl.sum(p, axis=1)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
-        for t in range(1, n_full):  # tiles every row sees in full: no mask
-            acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
-                                                     p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
-                                                     False, CAUSAL)
-        for t in range(gl.maximum(n_full, 1), n_tiles):  # the diagonal and the ragged end
-            acc, p_prev, m_i, l_i = _overlapped_step(t, used + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
-                                                     p_prev, m_i, l_i, no_scores, offs_m, n_q, n_k, qk_scale,
-                                                     True, CAUSAL)
-        last = (used + n_tiles - 1) % stages
+        ring0 = used - lo  # tile t is the program's ring tile ring0 + t
+        if WINDOW:
+            for t in range(lo + 1, left_full):  # the window's left edge
+                acc, p_prev, m_i, l_i = _overlapped_step(t, ring0 + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                         p_prev, m_i, l_i, no_scores, offs_m, n_k, diag, edge,
+                                                         qk_scale, True, CAUSAL, WINDOW)
+            after_edge = gl.maximum(left_full, lo + 1)
+        else:
+            after_edge = 1
+        for t in range(after_edge, n_full):  # tiles every row sees in full: no mask
+            acc, p_prev, m_i, l_i = _overlapped_step(t, ring0 + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                     p_prev, m_i, l_i, no_scores, offs_m, n_k, diag, edge, qk_scale,
+                                                     False, CAUSAL, WINDOW)
+        for t in range(gl.maximum(n_full, after_edge), n_tiles):  # the diagonal and the ragged end
+            acc, p_prev, m_i, l_i = _overlapped_step(t, ring0 + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
+                                                     p_prev, m_i, l_i, no_scores, offs_m, n_k, diag, edge, qk_scale,
+                                                     True, CAUSAL, WINDOW)
+        last = (ring0 + n_tiles - 1) % stages
         acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
         mbarrier.arrive(empty_bars.index(last), count=1)
     return acc, l_i, m_i
@@ -279,8 +310,8 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n
 
 @gluon.jit
 def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
-              WG: gl.constexpr, CAUSAL: gl.constexpr):
+              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
+              WG: gl.constexpr, CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
     """One warpgroup, for each work item dealt to this program: its 64 query rows (the WG-th half of
     the item's Q tile) through `_attend_item`, then O / ℓ to memory, by way of its half of the Q
     buffer, after which the loader may refill that buffer."""
@@ -294,13 +325,13 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
     for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
         w = _dealt_item(deal)
         if w < n_items:
-            batch, head, kv_head, first_row, n_full, n_tiles = _work_item(
-                w, n_bh, section, n_heads, group_size, n_q, n_k, CAUSAL, 2 * rows_per_wg, block_n)
+            batch, head, kv_head, first_row, lo, left_full, n_full, n_tiles = _work_item(
+                w, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, WINDOW, 2 * rows_per_wg, block_n)
             row0 = first_row + WG * rows_per_wg
             mbarrier.wait(q_full, started & 1)
-            acc, l_i, m_i = _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, n_full, n_tiles,
-                                         n_q, n_k, qk_scale, CAUSAL)
-            used += n_tiles
+            acc, l_i, m_i = _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, lo, left_full,
+                                         n_full, n_tiles, n_k, diag, edge, qk_scale, CAUSAL, WINDOW)
+            used += n_tiles - lo
             started += 1
 
             # --8<-- [start:stage_output]
@@ -333,52 +364,78 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
 
 
 # Worker partitions take no compile-time arguments (Triton 3.6), so the second consumer warpgroup
-# and the loader get one small wrapper per value of CAUSAL.
+# gets one small wrapper per value of (CAUSAL, WINDOW), and the loader one per value of CAUSAL.
 @gluon.jit
-def _consumer_1_causal(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                       stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
-    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, True)
-
-
-@gluon.jit
-def _consumer_1_full(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                     stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale):
-    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 1, False)
+def _consumer_1_causal(
+        q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+        lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+              lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, 1,
+              True, False)
 
 
 @gluon.jit
-def _consumer_0(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-                stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
-                CAUSAL: gl.constexpr):
-    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
-              stride_om, lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, qk_scale, 0, CAUSAL)
+def _consumer_1_full(
+        q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+        lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+              lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, 1,
+              False, False)
+
+
+@gluon.jit
+def _consumer_1_causal_window(
+        q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+        lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+              lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, 1,
+              True, True)
+
+
+@gluon.jit
+def _consumer_1_full_window(
+        q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+        lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+              lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, 1,
+              False, True)
+
+
+@gluon.jit
+def _consumer_0(
+        q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+        lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
+        CAUSAL: gl.constexpr, WINDOW: gl.constexpr):
+    _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
+              lse_ptr, write_lse, n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, 0,
+              CAUSAL, WINDOW)
 
 
 @gluon.jit
 def _loader_causal(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                   n_items, n_bh, section, n_heads, group_size, n_q, n_k):
+                   n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
     _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, section, n_heads, group_size, n_q, n_k, True)
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, True)
 
 
 @gluon.jit
 def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                 n_items, n_bh, section, n_heads, group_size, n_q, n_k):
+                 n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
     _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, section, n_heads, group_size, n_q, n_k, False)
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, False)
 
 
 # --8<-- [start:kernel]
-@gluon.jit(do_not_specialize=("n_q", "n_k"))  # one binary for every length (chapter 5 says why)
+@gluon.jit(do_not_specialize=("n_q", "n_k", "diag", "edge"))  # one binary for every length (chapter 5 says why)
 def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, stride_om, lse_ptr, write_lse,
-                      n_bh, section, n_heads, group_size, n_q, n_k, qk_scale,
-                      CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
-                      LOADER_REGS: gl.constexpr):
+                      n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
+                      CAUSAL: gl.constexpr, WINDOW: gl.constexpr, STAGES: gl.constexpr,
+                      CONSUMER_REGS: gl.constexpr, LOADER_REGS: gl.constexpr):
     """A persistent program: a loader warp and two consumer warpgroups that run work items (128-row
     query tiles of one (batch, head), see `_work_item`) as they are dealt to it (`_dealt_item`), with
-    one set of barriers and one ring of K/V stages for all of them. Q, K and V arrive
+    one set of barriers and one ring of K/V stages for all of them. Query i sees key j when
+    i + edge ≤ j (WINDOW: compiled only for calls with a left edge) and, CAUSAL, j ≤ i + diag
+    (`band_offsets`). Q, K and V arrive
     through 4-D TMA descriptors over the (B, H, N, d) tensors as they are, strides and all: one
     (1, 1, rows, d) block per copy."""
     rows_per_wg: gl.constexpr = q_desc.block_type.shape[2]
@@ -403,18 +460,24 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     fence_async_shared()  # the barriers' initialisation, visible to the TMA unit before it signals them
     # --8<-- [end:barriers]
 
-    items = (n_items, n_bh, section, n_heads, group_size, n_q, n_k)
+    items = (n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge)
     consumer_args = (q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh,
                      stride_om, lse_ptr, write_lse) + items + (qk_scale,)
     loader_args = (q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars) + items
     # --8<-- [start:warp_specialize]
     # the default partition (this program's 4 warps) is consumer 0; the workers are consumer 1 (4
     # warps) and the loader (1 warp), each with its own register budget
-    if CAUSAL:
-        gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL,)), (_consumer_1_causal, consumer_args),
+    if CAUSAL and WINDOW:
+        gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_causal_window, consumer_args),
                             (_loader_causal, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    elif CAUSAL:
+        gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_causal, consumer_args),
+                            (_loader_causal, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+    elif WINDOW:
+        gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_full_window, consumer_args),
+                            (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
-        gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL,)), (_consumer_1_full, consumer_args),
+        gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_full, consumer_args),
                             (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     # --8<-- [end:warp_specialize]
 # --8<-- [end:kernel]
@@ -469,18 +532,22 @@ def check_runnable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, instead
 
 
 def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                      sm_scale: float | None = None, *, out: torch.Tensor | None = None) -> torch.Tensor:
+                      sm_scale: float | None = None, *, out: torch.Tensor | None = None,
+                      window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:
     """softmax(sm_scale · Q Kᵀ) V, FA3's schedule on a Hopper GPU (see the module docstring).
 
     q is (B, H, n_q, d), k and v (B, H_kv, n_k, d) with d 64, 128 or 256 and H_kv dividing H (grouped-query
     attention), float16 or bfloat16, any strides with the head dimension contiguous (the copy engine
     needs the others to be multiples of 16 bytes). Causal masks are aligned to the bottom-right
     corner, as in chapter 5. `out`, if given, is written in place: any dense layout of shape
-    (B, H, n_q, d) with the head dimension contiguous. Raises TypeError for another dtype and
+    (B, H, n_q, d) with the head dimension contiguous. window_size: chapter 9's sliding window
+    (left, right) around that diagonal, −1 for no bound (`band_offsets`); the key tiles outside it
+    are never loaded. Raises TypeError for another dtype and
     ValueError (UnsupportedShape) for anything else this kernel does not run, saying why; chapter 5's
     `flash_attn_v2_tuned` runs those."""
-    plan = attention_call_key(q, k, v, out, causal, sm_scale)  # a call like an earlier one: launch directly
-    if plan in _launches:
+    # a call like an earlier one launches directly (a window's offsets are not in the key: not remembered)
+    plan = attention_call_key(q, k, v, out, causal, sm_scale) if window_size in ((-1, -1), [-1, -1]) else None
+    if plan is not None and plan in _launches:
         out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
         if _launches.relaunch(plan, q, k, v, out, out):  # the descriptors' tensors; out again: no lse written
             return out
@@ -488,6 +555,7 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
     check_runnable(q, k, v, instead="flash_attn_v2_tuned")
+    window_size = check_window_size(window_size)
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     else:
@@ -495,7 +563,7 @@ def flash_attn_hopper(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal:
         if out.stride(3) != 1:
             raise ValueError(f"out: the Hopper kernel writes rows of head_dim contiguous elements, got strides "
                              f"{out.stride()}")
-    return _launch(q, k, v, causal, shape.sm_scale, out, plan=plan)
+    return _launch(q, k, v, causal, shape.sm_scale, out, plan=plan, window_size=window_size)
 
 
 def remembered_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor | None, causal: bool,
@@ -515,19 +583,22 @@ def relaunch_remembered(plan: Hashable, q: torch.Tensor, k: torch.Tensor, v: tor
 
 
 def flash_attn_hopper_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
-                               sm_scale: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                               sm_scale: float | None = None, *,
+                               window_size: tuple[int, int] = (-1, -1)) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, lse): `flash_attn_hopper`'s output and the log-sum-exp of every query row, (B, H, n_q)
     float32, log Σ_j e^{sm_scale · S_ij} (−∞ for a row that sees no key), which the backward needs.
     The same inputs, conventions and errors as `flash_attn_hopper`."""
-    plan = attention_call_key(q, k, v, None, causal, sm_scale, "lse")
+    plain = window_size in ((-1, -1), [-1, -1])
+    plan = attention_call_key(q, k, v, None, causal, sm_scale, "lse") if plain else None
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(q.shape[:3], dtype=torch.float32, device=q.device)
-    if plan in _launches and _launches.relaunch(plan, q, k, v, out, lse):
+    if plan is not None and plan in _launches and _launches.relaunch(plan, q, k, v, out, lse):
         return out, lse
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
     check_runnable(q, k, v, instead="chapter 5's flash_attn_v2_with_lse")
-    return _launch(q, k, v, causal, shape.sm_scale, out, lse=lse, plan=plan), lse
+    window_size = check_window_size(window_size)
+    return _launch(q, k, v, causal, shape.sm_scale, out, lse=lse, plan=plan, window_size=window_size), lse
 
 
 @functools.lru_cache(maxsize=None)
@@ -597,8 +668,24 @@ def _descriptors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
             TensorDescriptor.from_tensor(v, kv_block, kv_layout))
 
 
+# --8<-- [start:band_offsets]
+def band_offsets(causal: bool, window_size: tuple[int, int], n_q: int, n_k: int, pad: int = 256) -> tuple[bool, int, int]:
+    """(bounded on the right, diag, edge): query i sees key j when i + edge ≤ j and, if bounded, j ≤ i + diag.
+
+    The keys of a window (left, right) around the bottom-right diagonal (chapter 9; −1 for no bound,
+    causal is right = 0) lie between i + (n_k − n_q) − left and i + (n_k − n_q) + right. Without a
+    left bound, edge lies so far left (by n_q + `pad`, more than any tile's rows) that no tile of
+    any row crosses it. A right bound uses the causal code path with its diagonal moved."""
+    left, right = window_size
+    right = 0 if causal else right
+    edge = (n_k - n_q) - left if left >= 0 else -(n_q + pad)
+    return right >= 0, (n_k - n_q) + max(right, 0), edge
+# --8<-- [end:band_offsets]
+
+
 def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torch.Tensor | None = None,
-            programs: int | None = None, section: int | None = None, plan: Hashable | None = None) -> torch.Tensor:
+            programs: int | None = None, section: int | None = None, plan: Hashable | None = None,
+            window_size: tuple[int, int] = (-1, -1)) -> torch.Tensor:
     """The kernel launch for inputs `flash_attn_hopper` (or a caller that made the same checks) accepted.
 
     Causal, with the K and V of all heads within the L2 cache: one program per SM (the shared memory
@@ -611,11 +698,13 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
     the GPU starts each program as an SM frees up, in order, which balances causal items of one head
     as well. `programs` and `section` override the choice (tests, probes). `plan`: the key under
     which to remember the launch (`launch_plan.py`), None not to. `lse`, if given, (B, H, n_q) float32,
-    receives each row's log-sum-exp."""
+    receives each row's log-sum-exp. `window_size`: as `flash_attn_hopper`'s."""
     if programs is not None or section is not None:
         plan = None  # a forced schedule is not the one the key stands for
     batch, heads, n_q, _ = q.shape
     group_size, n_k = heads // k.shape[1], k.shape[2]
+    causal, diag, edge = band_offsets(causal, window_size, n_q, n_k)
+    window = window_size[0] >= 0  # a left edge: the kernel compiled with it
     sm_count, l2_bytes = _sm_count_and_l2_bytes(q.device.index)
     n_items = triton.cdiv(n_q, 2 * ROWS_PER_WARPGROUP) * batch * heads
     kv_bytes, kv_heads = 2 * k.numel() * k.element_size(), batch * k.shape[1]  # K and V
@@ -628,12 +717,12 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
         plan, (programs,),
         *_descriptors(q, k, v), out, out.stride(0), out.stride(1), out.stride(2),
         out if lse is None else lse, int(lse is not None),  # without lse, out stands in: never written
-        batch * heads, section, heads, group_size, n_q, n_k, sm_scale * LOG2_E,
-        CAUSAL=bool(causal), STAGES=TILES[q.shape[3]].stages, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
+        batch * heads, section, heads, group_size, n_q, n_k, diag, edge, sm_scale * LOG2_E,
+        CAUSAL=causal, WINDOW=window, STAGES=TILES[q.shape[3]].stages, CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, num_warps=4,
     )
     return out
 
 
 __all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
-           "runs_persistent", "pairs_per_section", "remembered_key", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
+           "runs_persistent", "pairs_per_section", "band_offsets", "remembered_key", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
            "MIN_KEYS_PERSISTENT"]

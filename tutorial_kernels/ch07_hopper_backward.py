@@ -42,8 +42,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from tutorial_kernels.ch06_backward import attention_delta
-from tutorial_kernels.ch07_hopper import check_runnable, hopper_kernel_unavailable, tma_load
-from tutorial_kernels.validation import check_attention_inputs
+from tutorial_kernels.ch07_hopper import band_offsets, check_runnable, hopper_kernel_unavailable, tma_load
+from tutorial_kernels.validation import check_attention_inputs, check_window_size
 
 
 # --8<-- [start:tile_sizes]
@@ -62,39 +62,44 @@ CONSUMER_REGS, LOADER_REGS, WRITER_REGS = 240, 24, 24  # the loader and the writ
 
 # --8<-- [start:key_tile]
 @gluon.jit
-def _key_tile(n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr, block_m: gl.constexpr,
+def _key_tile(n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr, block_m: gl.constexpr,
               block_n: gl.constexpr):
-    """This program's key tile, as (batch, kv_head, first_key, m_lo, m_full, n_m): the query tiles
-    [m_lo, n_m) see some key of it, and [m_lo, m_full) need a mask (they cross the bottom-right
-    causal diagonal, or the tile runs past n_k)."""
+    """This program's key tile, as (batch, kv_head, first_key, m_lo, m_full, m_mid, m_hi, n_m). Query i
+    sees key j when i + edge ≤ j and, CAUSAL, j ≤ i + diag (`ch07_hopper.band_offsets`): the query
+    tiles [m_lo, m_hi) see some key of the tile; of them [m_lo, m_full) cross the diagonal (or the
+    tile runs past n_k), [m_full, m_mid) see all of it, [m_mid, m_hi) cross a window's left edge."""
     first_key = gl.program_id(0) * block_n
     pid_bkv = gl.program_id(1)
     kv_heads = n_heads // group_size
     n_m = gl.cdiv(n_q, block_m)
+    # the left edge: rows up to first_key + block_n − 1 − edge see a key of the tile, rows up to
+    # first_key − edge see all of it (on that side)
+    m_hi = gl.minimum(gl.cdiv(gl.maximum(first_key + block_n - edge, 0), block_m), n_m)
+    m_left = gl.minimum(gl.maximum(first_key - edge + 1, 0) // block_m, m_hi)
     if CAUSAL:
-        # query i sees key j when j ≤ i + (n_k − n_q): rows from first_key − (n_k − n_q) see a key of the
-        # tile, rows from first_key + block_n − 1 − (n_k − n_q) see all of it
-        m_lo = gl.minimum(gl.maximum(first_key - (n_k - n_q), 0) // block_m, n_m)
-        m_full = gl.minimum(gl.cdiv(gl.maximum(first_key + block_n - 1 - (n_k - n_q), 0), block_m), n_m)
+        # rows from first_key − diag see a key of the tile, rows from first_key + block_n − 1 − diag all of it
+        m_lo = gl.minimum(gl.maximum(first_key - diag, 0) // block_m, m_hi)
+        m_full = gl.minimum(gl.cdiv(gl.maximum(first_key + block_n - 1 - diag, 0), block_m), m_hi)
     else:
         m_lo = 0
         m_full = 0
-    m_full = gl.where(first_key + block_n > n_k, n_m, m_full)  # a ragged last tile: every step masked
-    return pid_bkv // kv_heads, pid_bkv % kv_heads, first_key, m_lo, gl.maximum(m_full, m_lo), n_m
+    m_full = gl.where(first_key + block_n > n_k, m_hi, gl.maximum(m_full, m_lo))  # a ragged last tile: all masked
+    m_mid = gl.maximum(m_full, m_left)
+    return pid_bkv // kv_heads, pid_bkv % kv_heads, first_key, m_lo, m_full, m_mid, m_hi, n_m
 # --8<-- [end:key_tile]
 
 
 # --8<-- [start:loader]
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
-            full_bars, empty_bars, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+            full_bars, empty_bars, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr):
     """One warp: the key tile's K and V (each consumer's 64-key half), once; then, for every query
     head of the group and every query tile that sees the key tile, Q, dO, lse and Δ into the next
     stage of the ring, once both consumers have released what it held."""
     stages: gl.constexpr = q_smem.shape[0]
     block_m: gl.constexpr = q_smem.shape[3]
     block_n: gl.constexpr = k_smem.shape[2]
-    batch, kv_head, first_key, m_lo, m_full, n_m = _key_tile(n_heads, group_size, n_q, n_k, CAUSAL, block_m,
+    batch, kv_head, first_key, m_lo, m_full, m_mid, m_hi, n_m = _key_tile(n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, block_m,
                                                              block_n)
     mbarrier.expect(kv_full, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
     tma_load(k_desc, [batch, kv_head, first_key, 0], kv_full, k_smem)  # rows past n_k arrive as zeros
@@ -102,7 +107,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem,
     step = 0
     for h in range(group_size):
         head = kv_head * group_size + h
-        for m in range(m_lo, n_m):
+        for m in range(m_lo, m_hi):
             stage = step % stages
             mbarrier.wait(empty_bars.index(stage), ((step // stages) + 1) & 1, pred=step >= stages)
             full = full_bars.index(stage)
@@ -120,7 +125,7 @@ def _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem,
 # --8<-- [start:step]
 @gluon.jit
 def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars, empty_bars, ds_full,
-          ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, qk_scale, sm_scale, WG: gl.constexpr,
+          ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, diag, edge, qk_scale, sm_scale, WG: gl.constexpr,
           MASKED: gl.constexpr, CAUSAL: gl.constexpr):
     """One query tile m (of one query head) against this warpgroup's 64 keys: the five products of chapter 6,
     dQ's shared with the other warpgroup through dSᵀ in shared memory, and its result handed to the
@@ -153,13 +158,15 @@ def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_sm
     p_t = gl.exp2(gl.minimum(s_t * qk_scale - lse2[None, :], 0.0))
     if MASKED:
         # Sᵀ's row r is key key0 + r, its column c query m·block_m + c. Keys past n_k: a zero key would
-        # still get P = e^{−lse}. Causal, key ≤ query + n_k − n_q, written as r − c ≤ one number per
+        # still get P = e^{−lse}. Causal, key ≤ query + diag, written as r − c ≤ one number per
         # step: r − c depends on the thread alone, and holds no registers across the loop.
         rows = gl.arange(0, half, gl.SliceLayout(1, st_layout))
-        p_t = gl.where((rows < n_k - key0)[:, None], p_t, 0.0)
+        cols = gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
+        # a window's left edge, key ≥ query + edge: r − c ≥ one number per step
+        p_t = gl.where((rows < n_k - key0)[:, None] & (rows[:, None] - cols[None, :] >= m * block_m + edge - key0),
+                       p_t, 0.0)
         if CAUSAL:
-            cols = gl.arange(0, block_m, gl.SliceLayout(0, st_layout))
-            p_t = gl.where(rows[:, None] - cols[None, :] <= m * block_m + (n_k - n_q) - key0, p_t, 0.0)
+            p_t = gl.where(rows[:, None] - cols[None, :] <= m * block_m + diag - key0, p_t, 0.0)
     dp_t = warpgroup_mma_wait(num_outstanding=0, deps=[dp_t])
     delta = stats_smem.index(2 * stage + 1).reshape([block_m]).load(gl.SliceLayout(0, st_layout))
     # τ dSᵀ = τ Pᵀ ∘ (dPᵀ − Δ): τ applied once, here, for both dK = (τ dSᵀ) Q and dQ = (τ dS) K
@@ -192,7 +199,7 @@ def _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_sm
 
 @gluon.jit
 def _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
-              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
               sm_scale, WG: gl.constexpr, CAUSAL: gl.constexpr):
     """One warpgroup: keys first_key + 64·WG … + 63 against every query tile that sees the key tile,
     masked steps first; then dK = τ dSᵀ Q and dV = Pᵀ dO of its 64 keys to memory."""
@@ -205,7 +212,7 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_
                                                         instr_shape=[16, head_dim, 16])
     st_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                         instr_shape=[16, block_m, 16])
-    batch, kv_head, first_key, m_lo, m_full, n_m = _key_tile(n_heads, group_size, n_q, n_k, CAUSAL, block_m,
+    batch, kv_head, first_key, m_lo, m_full, m_mid, m_hi, n_m = _key_tile(n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, block_m,
                                                              block_n)
     k_tile = k_smem.reshape([block_n, head_dim])  # TMA's (1, 1, keys, d) block as a matrix
     k_w = k_tile.slice(WG * half, half, dim=0)  # this warpgroup's 64 keys
@@ -219,13 +226,18 @@ def _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_
     for h in range(group_size):
         for m in range(m_lo, m_full):  # the diagonal and the ragged end
             dk, dv = _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars,
-                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, qk_scale,
-                           sm_scale, WG, True, CAUSAL)
+                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, diag, edge,
+                           qk_scale, sm_scale, WG, True, CAUSAL)
             step += 1
-        for m in range(m_full, n_m):  # query tiles that see every key of the tile
+        for m in range(m_full, m_mid):  # query tiles that see every key of the tile
             dk, dv = _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars,
-                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, qk_scale,
-                           sm_scale, WG, False, CAUSAL)
+                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, diag, edge,
+                           qk_scale, sm_scale, WG, False, CAUSAL)
+            step += 1
+        for m in range(m_mid, m_hi):  # a window's left edge
+            dk, dv = _step(step, m, k_w, v_w, k_cols, q_smem, do_smem, stats_smem, ds_smem, dq_smem, full_bars,
+                           empty_bars, ds_full, ds_empty, dq_full, dq_empty, dk, dv, key0, n_q, n_k, diag, edge,
+                           qk_scale, sm_scale, WG, True, CAUSAL)
             step += 1
 
     # dK and dV of these 64 keys: one writer each, sums in a fixed order. dk and dv are (B, H_kv, n_k,
@@ -250,7 +262,7 @@ def _red_add_f32x4(addresses, values):
 
 
 @gluon.jit
-def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, CAUSAL: gl.constexpr):
+def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr):
     """One warp: each step's block_m × head_dim tile of dS K, which the consumers leave in shared memory,
     added into the float32 dQ accumulator (its rows padded to whole tiles: no mask), a few rows at a
     time; then the buffer goes back to the consumers."""
@@ -260,14 +272,14 @@ def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_si
     chunk: gl.constexpr = 4  # rows per load (the swizzle repeats every 4): 4 × d/2 floats
     lanes_per_row: gl.constexpr = cols_per_wg // 4  # 4 consecutive floats per lane: 16 lanes at d = 128, 8 at 64
     layout: gl.constexpr = gl.BlockedLayout([1, 4], [32 // lanes_per_row, lanes_per_row], [1, 1], [1, 0])
-    batch, kv_head, first_key, m_lo, m_full, n_m = _key_tile(n_heads, group_size, n_q, n_k, CAUSAL, block_m,
+    batch, kv_head, first_key, m_lo, m_full, m_mid, m_hi, n_m = _key_tile(n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, block_m,
                                                              block_n)
     offsets = (gl.arange(0, chunk, gl.SliceLayout(1, layout))[:, None] * (2 * cols_per_wg)
                + gl.arange(0, cols_per_wg, gl.SliceLayout(0, layout))[None, :])
     step = 0
     for h in range(group_size):
         bh = (batch * n_heads + kv_head * group_size + h).to(gl.int64)
-        for m in range(m_lo, n_m):
+        for m in range(m_lo, m_hi):
             buf = step % 2
             mbarrier.wait(dq_full.index(buf), (step // 2) & 1)
             tile = dq_acc_ptr + (bh * n_m + m) * (block_m * 2 * cols_per_wg)  # query rows m·block_m … of head bh
@@ -283,48 +295,48 @@ def _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_si
 # Worker partitions take no compile-time arguments (Triton 3.6): one wrapper per value of CAUSAL.
 @gluon.jit
 def _consumer_1_causal(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
-                       ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+                       ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
                        sm_scale):
     _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
-              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale, sm_scale, 1, True)
+              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, sm_scale, 1, True)
 
 
 @gluon.jit
 def _consumer_1_full(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
-                     ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+                     ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
                      sm_scale):
     _consumer(k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars, ds_full,
-              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale, sm_scale, 1, False)
+              ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, diag, edge, qk_scale, sm_scale, 1, False)
 
 
 @gluon.jit
 def _loader_causal(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
-                   full_bars, empty_bars, n_heads, group_size, n_q, n_k):
+                   full_bars, empty_bars, n_heads, group_size, n_q, n_k, diag, edge):
     _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
-            full_bars, empty_bars, n_heads, group_size, n_q, n_k, True)
+            full_bars, empty_bars, n_heads, group_size, n_q, n_k, diag, edge, True)
 
 
 @gluon.jit
 def _loader_full(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
-                 full_bars, empty_bars, n_heads, group_size, n_q, n_k):
+                 full_bars, empty_bars, n_heads, group_size, n_q, n_k, diag, edge):
     _loader(q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
-            full_bars, empty_bars, n_heads, group_size, n_q, n_k, False)
+            full_bars, empty_bars, n_heads, group_size, n_q, n_k, diag, edge, False)
 
 
 @gluon.jit
-def _dq_writer_causal(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, True)
+def _dq_writer_causal(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, diag, edge):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, diag, edge, True)
 
 
 @gluon.jit
-def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k):
-    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, False)
+def _dq_writer_full(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, diag, edge):
+    _dq_writer(k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, diag, edge, False)
 
 
 # --8<-- [start:kernel]
-@gluon.jit
+@gluon.jit(do_not_specialize=("diag", "edge"))  # a window's offsets: no binary of their own
 def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, dk_ptr, dv_ptr,
-                      n_heads, group_size, n_q, n_k, qk_scale, sm_scale,
+                      n_heads, group_size, n_q, n_k, diag, edge, qk_scale, sm_scale,
                       CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMER_REGS: gl.constexpr,
                       LOADER_REGS: gl.constexpr, WRITER_REGS: gl.constexpr):
     """One program per (128-key tile, batch × key/value head): a loader warp, two consumer
@@ -365,11 +377,11 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
     fence_async_shared()
 
     consumer_args = (k_smem, v_smem, q_smem, do_smem, stats_smem, ds_smem, dq_smem, kv_full, full_bars, empty_bars,
-                     ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, qk_scale,
+                     ds_full, ds_empty, dq_full, dq_empty, dk_ptr, dv_ptr, n_heads, group_size, n_q, n_k, diag, edge, qk_scale,
                      sm_scale)
     loader_args = (q_desc, k_desc, v_desc, do_desc, stats_desc, k_smem, v_smem, q_smem, do_smem, stats_smem, kv_full,
-                   full_bars, empty_bars, n_heads, group_size, n_q, n_k)
-    writer_args = (k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k)
+                   full_bars, empty_bars, n_heads, group_size, n_q, n_k, diag, edge)
+    writer_args = (k_smem, dq_smem, dq_full, dq_empty, dq_acc_ptr, n_heads, group_size, n_q, n_k, diag, edge)
     # the default partition (4 warps) is consumer 0; the workers are consumer 1, the loader and the writer
     if CAUSAL:
         gl.warp_specialize([(_consumer, consumer_args + (0, CAUSAL)), (_consumer_1_causal, consumer_args),
@@ -434,12 +446,13 @@ def query_tile_stats(lse: torch.Tensor, delta: torch.Tensor, block_m: int) -> to
 
 
 # --8<-- [start:launcher]
-def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None):
+def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: float | None = None, *,
+                               window_size: tuple[int, int] = (-1, -1)):
     """(dQ, dK, dV) of O = softmax(τ Q Kᵀ) V given dO, from the forward's O and log-sum-exp (B, H, n_q).
 
     Shapes and conventions as chapter 6's `flash_attn_backward` (grouped-query attention: dK and dV
-    summed over each group; bottom-right causal alignment); the inputs as `flash_attn_hopper` takes
-    them. Raises TypeError for another dtype, ValueError for a do, o or lse unlike the forward's, and
+    summed over each group; bottom-right causal alignment); the inputs, and chapter 9's window_size,
+    as `flash_attn_hopper` takes them. Raises TypeError for another dtype, ValueError for a do, o or lse unlike the forward's, and
     ValueError (UnsupportedShape) naming what else the kernel does not run."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, min_head_dim=1, max_head_dim=1 << 30,
                                    allow_gqa=True, runs_triton=False)
@@ -452,6 +465,7 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
         raise ValueError(f"lse must be the forward's log-sum-exp, shape {tuple(q.shape[:3])} float32, "
                          f"got {tuple(lse.shape)} {lse.dtype}")
     check_runnable(q, k, v, instead="chapter 6's flash_attn_backward", do=do, head_dims=HEAD_DIMS)
+    window_size = check_window_size(window_size)
     batch, heads, n_q, head_dim = q.shape
     block_m = BLOCK_M_FOR[head_dim]
     stats = query_tile_stats(lse, attention_delta(o, do), block_m)  # lse and Δ = rowsum(dO ∘ O), per query tile
@@ -466,9 +480,10 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
     dq_acc = torch.zeros((batch, heads, triton.cdiv(n_q, block_m) * block_m, head_dim), dtype=torch.float32,
                          device=q.device)
     grid = (triton.cdiv(shape.n_k, BLOCK_N), batch * shape.kv_heads)
+    bounded, diag, edge = band_offsets(causal, window_size, n_q, shape.n_k)
     _flash_hopper_bwd[grid](
-        *descs, dq_acc, dk, dv, heads, shape.group_size, n_q, shape.n_k,
-        shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bool(causal), STAGES=STAGES,
+        *descs, dq_acc, dk, dv, heads, shape.group_size, n_q, shape.n_k, diag, edge,
+        shape.sm_scale * 1.4426950408889634, shape.sm_scale, CAUSAL=bounded, STAGES=STAGES,
         CONSUMER_REGS=CONSUMER_REGS, LOADER_REGS=LOADER_REGS, WRITER_REGS=WRITER_REGS, num_warps=4,
     )
     dq = dq_acc[:, :, :n_q].to(q.dtype)  # one rounding

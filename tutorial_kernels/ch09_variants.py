@@ -30,7 +30,7 @@ import triton.language as tl
 from tutorial_kernels.precision import dot_precision, full_float32_tiles
 from tutorial_kernels.runtime import interpreter_active
 from tutorial_kernels.tiling import head_dim_block
-from tutorial_kernels.validation import check_attention_inputs
+from tutorial_kernels.validation import check_attention_inputs, check_window_size
 
 
 # --8<-- [start:scores]
@@ -452,9 +452,7 @@ class _VariantAttention(torch.autograd.Function):
 
 def _check_variants(heads: int, batch: int, device: torch.device, window_size, softcap, alibi_slopes) -> None:
     """TypeError / ValueError naming the argument for a variant outside the contract."""
-    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
-            or not all(type(w) is int and w >= -1 for w in window_size)):
-        raise ValueError(f"window_size must be a pair (left, right) of ints ≥ −1 (−1: no bound), got {window_size!r}")
+    check_window_size(window_size)
     if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not softcap >= 0 or math.isinf(softcap):
         raise ValueError(f"softcap must be a finite number ≥ 0 (0: none), got {softcap!r}")
     if alibi_slopes is not None:
@@ -487,6 +485,24 @@ def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     out, lse = _VariantAttention.apply(q, k, v, problem)
     return (out, lse) if return_lse else out
 # --8<-- [end:call]
+
+
+def flash_attn_variants_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                 o: torch.Tensor, lse: torch.Tensor, causal: bool = False,
+                                 sm_scale: float | None = None, *, window_size: tuple[int, int] = (-1, -1),
+                                 softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None):
+    """(dQ, dK, dV) of `flash_attn_variants(q, k, v, ...)` for the given dO, from its O and its rows'
+    log-sum-exp (B, H, n_q) float32 — computed by this module or by any kernel of the same variant
+    (the front door pairs chapter 7's windowed forward with it). Raises as `flash_attn_variants`."""
+    shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, allow_empty=True)
+    _check_variants(shape.heads, shape.batch, q.device, window_size, softcap, alibi_slopes)
+    for name, t, want in (("do", do, q.shape), ("o", o, q.shape), ("lse", lse, q.shape[:3])):
+        if not isinstance(t, torch.Tensor) or t.shape != want:
+            raise ValueError(f"{name} must be a tensor of shape {tuple(want)}, got "
+                             f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    problem = _Problem(q, k, v, None, None, shape.batch, shape.n_q, shape.n_k, shape.sm_scale, bool(causal),
+                       tuple(window_size), float(softcap), alibi_slopes)
+    return _backward(problem, q, k, v, o, lse, do)
 
 
 def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -537,4 +553,4 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     return (out, lse) if return_lse else out
 
 
-__all__ = ["flash_attn_variants", "flash_attn_varlen", "band", "key_range"]
+__all__ = ["flash_attn_variants", "flash_attn_variants_backward", "flash_attn_varlen", "band", "key_range"]

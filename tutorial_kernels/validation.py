@@ -131,6 +131,15 @@ def check_attention_inputs(
     return AttentionShape(batch, heads, n_q, n_k, head_dim, scale, kv_heads)
 
 
+def check_window_size(window_size) -> tuple[int, int]:
+    """A sliding window (left, right) as flash-attn takes it: two ints ≥ −1 (−1: no bound). Returns it
+    as a tuple; raises ValueError naming the argument."""
+    if (not isinstance(window_size, (tuple, list)) or len(window_size) != 2
+            or not all(type(w) is int and w >= -1 for w in window_size)):
+        raise ValueError(f"window_size must be a pair (left, right) of ints ≥ −1 (−1: no bound), got {window_size!r}")
+    return tuple(window_size)
+
+
 def check_triton_tensor(t: torch.Tensor, name: str) -> None:
     """A Triton kernel can read `t` here: on a CUDA device, or on the CPU with the interpreter on
     (which cannot do bfloat16)."""

@@ -86,8 +86,9 @@ def chapter_ring(t: int, stages: int) -> tuple[int, int, int]:
 
 def chapter_item(w: int, n_bh: int, section: int, n_q: int, causal: bool) -> tuple[int, int, int]:
     """(bh, pid_m, key tiles) of work item w, from the chapter's `_work_item` (one batch, n_bh heads)."""
-    batch, head, _, first_row, _, n_tiles = on_integers(ch07_hopper._work_item)(
-        w, n_bh, section, n_bh, 1, n_q, n_q, causal, BLOCK, BLOCK)
+    _, diag, edge = ch07_hopper.band_offsets(causal, (-1, -1), n_q, n_q)
+    batch, head, _, first_row, _, _, _, n_tiles = on_integers(ch07_hopper._work_item)(
+        w, n_bh, section, n_bh, 1, n_q, n_q, diag, edge, causal, False, BLOCK, BLOCK)
     return batch * n_bh + head, first_row // BLOCK, n_tiles
 
 

@@ -61,10 +61,11 @@ def variants() -> dict[str, tuple]:
                              "k_desc": _descriptor(tiles.block_n, head_dim),
                              "v_desc": _descriptor(tiles.block_n, head_dim), "o_ptr": "*fp16", "lse_ptr": "*fp32",
                              "qk_scale": "fp32"}
-            found[f"forward-d{head_dim}-{tag}"] = (fwd, *_signature(
-                fwd, {n: forward_types.get(n, "i32") for n in fwd.arg_names},
-                {"CAUSAL": causal, "STAGES": tiles.stages, "CONSUMER_REGS": ch07_hopper.CONSUMER_REGS,
-                 "LOADER_REGS": ch07_hopper.LOADER_REGS}))
+            for window in (False, True) if head_dim == 128 else (False,):  # a window's code at one head_dim
+                found[f"forward-d{head_dim}-{tag}" + "-window" * window] = (fwd, *_signature(
+                    fwd, {n: forward_types.get(n, "i32") for n in fwd.arg_names},
+                    {"CAUSAL": causal, "WINDOW": window, "STAGES": tiles.stages,
+                     "CONSUMER_REGS": ch07_hopper.CONSUMER_REGS, "LOADER_REGS": ch07_hopper.LOADER_REGS}))
         for head_dim in ch07_hopper_backward.HEAD_DIMS:
             types = _backward_types(head_dim)
             found[f"backward-d{head_dim}-{tag}"] = (bwd, *_signature(

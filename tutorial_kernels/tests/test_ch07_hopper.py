@@ -198,18 +198,55 @@ def _on_integers(jit_function, gl):
     (100, 357, 2, 2, 1, 4), (1, 1, 1, 1, 1, 1), (777, 777, 3, 5, 5, 2)])
 @NEEDS_PLOTLY
 def test_the_pictures_number_work_items_as_the_kernel_does(n_q, n_k, batch, heads, group, section, causal):
-    from tutorial_kernels.ch07_hopper import _work_item
+    from tutorial_kernels.ch07_hopper import _work_item, band_offsets
     from tutorial_kernels.figures.ch07 import work_items
 
     kernel = _on_integers(_work_item, _IntegerGluon())
     n_bh = batch * heads
     ours = work_items(n_q, n_k, n_bh, section, heads, group, causal)
-    assert ours == [kernel(w, n_bh, section, heads, group, n_q, n_k, causal, 128, 128) for w in range(len(ours))]
+    _, diag, edge = band_offsets(causal, (-1, -1), n_q, n_k)
+    theirs = [kernel(w, n_bh, section, heads, group, n_q, n_k, diag, edge, causal, False, 128, 128)
+              for w in range(len(ours))]
+    assert all(item[4] == item[5] == 0 for item in theirs)  # no window: every item's tiles start at 0, unmasked
+    assert ours == [item[:4] + item[6:] for item in theirs]
     assert sorted((b, h, row) for b, h, _, row, _, _ in ours) == sorted(
         (b, h, row) for b in range(batch) for h in range(heads) for row in range(0, n_q, 128))  # each tile once
     if causal and section == n_bh:
         lengths = [item[5] for item in ours]
         assert lengths == sorted(lengths, reverse=True)  # longest first
+
+
+@pytest.mark.parametrize("window_size, causal", [((300, -1), True), ((0, 0), False), ((200, 77), False),
+                                                 ((129, -1), False), ((-1, 40), False), ((63, 0), False),
+                                                 ((-1, -1), True), ((-1, -1), False)])
+@pytest.mark.parametrize("n_q, n_k", [(1100, 1100), (777, 1300), (1300, 777), (1, 1), (130, 5)])
+def test_a_windows_work_items_visit_every_key_it_sees_and_mask_every_tile_it_crosses(n_q, n_k, window_size, causal):
+    """`_work_item`'s own arithmetic on integers, with and without WINDOW (the loader computes with it
+    always, the consumers only for a left edge: both must give the same tiles): every key a row of the
+    item sees lies in the tiles [lo, n_tiles) it visits, at most one tile on either side is wasted, and
+    a tile left unmasked ([left_full, n_full)) is seen whole by every row of the item."""
+    from tutorial_kernels.ch07_hopper import _work_item, band_offsets
+    from tutorial_kernels.reference import variant_mask
+
+    kernel = _on_integers(_work_item, _IntegerGluon())
+    bounded, diag, edge = band_offsets(causal, window_size, n_q, n_k)
+    seen = variant_mask(n_q, n_k, window_size, causal)
+    block = 128
+    n_items = -(-n_q // block)
+    for w in range(n_items):
+        _, _, _, row, lo, left_full, n_full, n_tiles = kernel(w, 1, 1, 1, 1, n_q, n_k, diag, edge, bounded, True,
+                                                              block, block)
+        if window_size[0] < 0:  # the consumers' WINDOW=False must agree with the loader's general form
+            assert (lo, left_full) == (0, 0)
+            assert kernel(w, 1, 1, 1, 1, n_q, n_k, diag, edge, bounded, False, block, block)[6:] == (n_full, n_tiles)
+        rows = seen[row:row + block]
+        cols = rows.any(dim=0).nonzero().flatten().tolist()
+        if cols:
+            assert lo * block <= cols[0] and cols[-1] < n_tiles * block, (w, lo, n_tiles, cols[0], cols[-1])
+            assert lo == cols[0] // block and n_tiles == cols[-1] // block + 1, (w, lo, n_tiles)
+        for t in range(max(left_full, lo), n_full):
+            tile = seen[row:row + block, t * block:(t + 1) * block]
+            assert tile.shape[1] == block and tile[:min(block, n_q - row)].all(), (w, t)
 
 
 @pytest.mark.parametrize("programs", [1, 2, 5, 132])

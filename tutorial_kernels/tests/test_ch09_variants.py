@@ -232,3 +232,110 @@ def test_the_host_band_holds_every_seen_key_and_at_most_a_tile_more(window_size,
                 if cols:
                     assert lo <= cols[0] and cols[-1] < hi, (n_q, n_k, start_m, lo, hi, cols[0], cols[-1])
                     assert hi - lo <= cols[-1] - cols[0] + 1 + block_n
+
+
+@pytest.mark.parametrize("window_size, causal", [((-1, -1), False), ((-1, -1), True), ((5, -1), True), ((0, 0), False),
+                                                 ((7, 3), False), ((-1, 4), False), ((30, 30), True), ((2, -1), False)])
+def test_the_hopper_kernels_band_offsets_say_which_keys_each_query_sees(window_size, causal):
+    """Chapter 7's kernels read a window as two offsets (query i sees key j when i + edge ≤ j and, bounded
+    on the right, j ≤ i + diag): the same keys as the float64 reference's mask, at n_q < n_k, = and >."""
+    from tutorial_kernels.ch07_hopper import band_offsets
+    from tutorial_kernels.reference import variant_mask
+
+    for n_q, n_k in ((40, 40), (37, 53), (53, 37), (1, 9)):
+        bounded, diag, edge = band_offsets(causal, window_size, n_q, n_k)
+        i, j = torch.arange(n_q)[:, None], torch.arange(n_k)[None, :]
+        seen = (j >= i + edge) & ((j <= i + diag) if bounded else True)
+        assert torch.equal(seen, variant_mask(n_q, n_k, window_size, causal)), (n_q, n_k)
+
+
+HOPPER_WINDOWS = [((300, -1), True), ((0, 0), False), ((200, 77), False), ((129, -1), False), ((-1, 40), False),
+                  ((5000, -1), True), ((63, 0), False)]
+
+
+def _hopper_window_case(n_q, n_k, head_dim, seed):
+    batch, heads, kv_heads = 1, 4, 2
+    q = _draw((batch, heads, n_q, head_dim), torch.bfloat16, seed)
+    k = _draw((batch, kv_heads, n_k, head_dim), torch.bfloat16, seed + 1)
+    v = _draw((batch, kv_heads, n_k, head_dim), torch.bfloat16, seed + 2)
+    do = _draw((batch, heads, n_q, head_dim), torch.bfloat16, seed + 3)
+    return q, k, v, do
+
+
+@pytest.mark.gpu("chapter 7's Gluon kernels")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("window_size, causal", HOPPER_WINDOWS, ids=lambda w: str(w))
+@pytest.mark.parametrize("n_q, n_k", [(1100, 1100), (777, 1300), (1300, 777)], ids=lambda n: str(n))
+def test_windows_through_the_hopper_kernels_match_the_reference(n_q, n_k, window_size, causal, head_dim):
+    """Chapter 7's forward and backward with a window's bounds (the tiles outside it never loaded, the
+    window's edge tiles masked) against the float64 reference, with the peers' rule; rows that see no
+    key get O = 0 and lse = −∞, and their gradients 0."""
+    from tutorial_kernels.ch07_hopper import flash_attn_hopper, flash_attn_hopper_with_lse
+    from tutorial_kernels.ch07_hopper_backward import flash_attn_hopper_backward
+    from tutorial_kernels.tests.test_ch07_hopper import ON_HOPPER
+
+    if not ON_HOPPER:
+        pytest.skip("the Gluon kernels need a GPU of compute capability 9.x (H100/H200)")
+    seed = fresh_seed()
+    q, k, v, do = _hopper_window_case(n_q, n_k, head_dim, seed)
+    options = dict(window_size=window_size, causal=causal)
+    out, lse = flash_attn_hopper_with_lse(q, k, v, causal, window_size=window_size)
+    assert torch.equal(flash_attn_hopper(q, k, v, causal, window_size=window_size), out)
+    grads = flash_attn_hopper_backward(q, k, v, out, lse, do, causal, window_size=window_size)
+
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, lse64 = reference_variant_attention(*leaves64, **options)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, **options)
+    base.backward(do)
+    _check(out, grads, ref64.detach(), [t.grad for t in leaves64], base.detach(), [t.grad for t in leaves_b], seed,
+           f"hopper {window_size}")
+    hidden = torch.isinf(lse64)
+    assert torch.equal(torch.isinf(lse), hidden), f"rows without a key differ; seed={seed}"
+    assert torch.allclose(lse[~hidden].double(), lse64[~hidden], atol=1e-2, rtol=1e-3), f"lse; seed={seed}"
+
+
+@pytest.mark.gpu("chapter 7's Gluon kernels")
+@pytest.mark.parametrize("head_dim", [128, 256])
+def test_the_front_door_runs_a_window_on_hopper_and_trains_through_it(head_dim, monkeypatch):
+    """flash_attention with a window alone takes chapter 7's kernels where they would run the plain call
+    (the forward; the backward too at head_dim 128, chapter 9's from the same lse at 256), and its
+    output and gradients meet the peers' rule; with a softcap the call stays on chapter 9's kernels."""
+    import tutorial_kernels
+    from tutorial_kernels import attention, ch07_hopper_backward
+    from tutorial_kernels.tests.test_ch07_hopper import ON_HOPPER
+
+    if not ON_HOPPER:
+        pytest.skip("the Gluon kernels need a GPU of compute capability 9.x (H100/H200)")
+    ran = []
+
+    def spy(name, fn):
+        def counted(*args, **kwargs):
+            ran.append(name)
+            return fn(*args, **kwargs)
+        return counted
+
+    monkeypatch.setattr(attention, "flash_attn_hopper_with_lse", spy("hopper forward", attention.flash_attn_hopper_with_lse))
+    monkeypatch.setattr(ch07_hopper_backward, "flash_attn_hopper_backward",
+                        spy("hopper backward", ch07_hopper_backward.flash_attn_hopper_backward))
+    monkeypatch.setattr(attention, "flash_attn_variants_backward",
+                        spy("chapter 9 backward", attention.flash_attn_variants_backward))
+    seed = fresh_seed()
+    q, k, v, do = _hopper_window_case(2100, 2100, head_dim, seed)
+    assert attention.kernel_for(q, k, v, True) == "hopper"
+    options = dict(window_size=(700, 0), causal=True)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = tutorial_kernels.flash_attention(*leaves, True, window_size=(700, 0), return_lse=True)
+    out.backward(do)
+    assert ran == ["hopper forward", "hopper backward" if head_dim == 128 else "chapter 9 backward"], ran
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, _ = reference_variant_attention(*leaves64, **options)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, **options)
+    base.backward(do)
+    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
+           [t.grad for t in leaves_b], seed, f"front door d={head_dim}")
+    capped = tutorial_kernels.flash_attention(q, k, v, True, window_size=(700, 0), softcap=30.0)
+    assert torch.equal(capped, flash_attn_variants(q, k, v, True, window_size=(700, 0), softcap=30.0))
