@@ -140,7 +140,8 @@ def _dealt_item(deal):
 # --8<-- [start:loader]
 @gluon.jit
 def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr):
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL: gl.constexpr,
+            WINDOW: gl.constexpr):
     """One warp, for each of this program's work items: the item's first K/V tile into the next stage
     of the ring; both halves of its Q tile, once both consumer warpgroups have staged the previous
     item's output in the Q buffer and read it back out; then the item's other K/V tiles, each as
@@ -155,9 +156,8 @@ def _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, ful
     for deal in range(gl.cdiv(n_items, gl.num_programs(0))):
         w = _dealt_item(deal)
         if w < n_items:
-            # the general tile range (WINDOW=True): without a window it starts at tile 0 all the same
             batch, head, kv_head, first_row, lo, left_full, n_full, n_tiles = _work_item(
-                w, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, True, 2 * rows_per_wg, block_n)
+                w, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, CAUSAL, WINDOW, 2 * rows_per_wg, block_n)
             if n_tiles > lo:  # the first tile first: it need not wait for the previous item's output
                 _load_kv_tile(k_desc, v_desc, k_smem, v_smem, full_bars, empty_bars, loaded, batch, kv_head, lo)
                 loaded += 1
@@ -364,7 +364,7 @@ def _consumer(q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_
 
 
 # Worker partitions take no compile-time arguments (Triton 3.6), so the second consumer warpgroup
-# gets one small wrapper per value of (CAUSAL, WINDOW), and the loader one per value of CAUSAL.
+# and the loader get one small wrapper per value of (CAUSAL, WINDOW).
 @gluon.jit
 def _consumer_1_causal(
         q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars, o_ptr, stride_ob, stride_oh, stride_om,
@@ -413,16 +413,30 @@ def _consumer_0(
 
 @gluon.jit
 def _loader_causal(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                   n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
+        n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
     _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, True)
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, True, False)
 
 
 @gluon.jit
 def _loader_full(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-                 n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
+        n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
     _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
-            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, False)
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, False, False)
+
+
+@gluon.jit
+def _loader_causal_window(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+        n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
+    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, True, True)
+
+
+@gluon.jit
+def _loader_full_window(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+        n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge):
+    _loader(q_desc, k_desc, v_desc, q_smem, k_smem, v_smem, q_full, q_empty, full_bars, empty_bars,
+            n_items, n_bh, section, n_heads, group_size, n_q, n_k, diag, edge, False, True)
 
 
 # --8<-- [start:kernel]
@@ -469,13 +483,13 @@ def _flash_hopper_fwd(q_desc, k_desc, v_desc, o_ptr, stride_ob, stride_oh, strid
     # warps) and the loader (1 warp), each with its own register budget
     if CAUSAL and WINDOW:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_causal_window, consumer_args),
-                            (_loader_causal, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                            (_loader_causal_window, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     elif CAUSAL:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_causal, consumer_args),
                             (_loader_causal, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     elif WINDOW:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_full_window, consumer_args),
-                            (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
+                            (_loader_full_window, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])
     else:
         gl.warp_specialize([(_consumer_0, consumer_args + (CAUSAL, WINDOW)), (_consumer_1_full, consumer_args),
                             (_loader_full, loader_args)], [4, 1], [CONSUMER_REGS, LOADER_REGS])

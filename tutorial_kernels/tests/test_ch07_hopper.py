@@ -221,8 +221,8 @@ def test_the_pictures_number_work_items_as_the_kernel_does(n_q, n_k, batch, head
                                                  ((-1, -1), True), ((-1, -1), False)])
 @pytest.mark.parametrize("n_q, n_k", [(1100, 1100), (777, 1300), (1300, 777), (1, 1), (130, 5)])
 def test_a_windows_work_items_visit_every_key_it_sees_and_mask_every_tile_it_crosses(n_q, n_k, window_size, causal):
-    """`_work_item`'s own arithmetic on integers, with and without WINDOW (the loader computes with it
-    always, the consumers only for a left edge: both must give the same tiles): every key a row of the
+    """`_work_item`'s own arithmetic on integers, with and without WINDOW (a call without a left edge is
+    compiled without it: then both forms must give the same tiles): every key a row of the
     item sees lies in the tiles [lo, n_tiles) it visits, at most one tile on either side is wasted, and
     a tile left unmasked ([left_full, n_full)) is seen whole by every row of the item."""
     from tutorial_kernels.ch07_hopper import _work_item, band_offsets
