@@ -286,6 +286,7 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, lo, left_
         l_i = gl.sum(p, axis=1)
         p_prev = gl.convert_layout(p.to(dtype), p_layout)
         ring0 = used - lo  # tile t is the program's ring tile ring0 + t
+        # --8<-- [start:window_stages]
         if WINDOW:
             for t in range(lo + 1, left_full):  # the window's left edge
                 acc, p_prev, m_i, l_i = _overlapped_step(t, ring0 + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
@@ -302,6 +303,7 @@ def _attend_item(q, k_smem, v_smem, full_bars, empty_bars, used, row0, lo, left_
             acc, p_prev, m_i, l_i = _overlapped_step(t, ring0 + t, q, k_smem, v_smem, full_bars, empty_bars, acc,
                                                      p_prev, m_i, l_i, no_scores, offs_m, n_k, diag, edge, qk_scale,
                                                      True, CAUSAL, WINDOW)
+        # --8<-- [end:window_stages]
         last = (ring0 + n_tiles - 1) % stages
         acc = warpgroup_mma(p_prev, v_smem.index(last).reshape([block_n, head_dim]), acc)
         mbarrier.arrive(empty_bars.index(last), count=1)
