@@ -444,12 +444,13 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     query (..., H, L, E), key and value (..., H_kv, S, E) with the same leading dimensions; H_kv = H
     unless enable_gqa=True (then H_kv divides H). is_causal aligns the mask to the top-left corner,
     as PyTorch does, which is the bottom-right alignment when L == S; L ≠ S with is_causal raises.
-    Raises ValueError for a mask, for dropout and for a value head size other than E: these kernels
-    compute none of them, and a wrong answer is worse than an error. Differentiable.
+    attn_mask: boolean (False hides a pair) or float (added to the scores; bool, float32 or the query's
+    dtype), broadcastable to (..., L, S), no gradient; with is_causal both apply, as PyTorch computes
+    them. A query the mask leaves no key gets 0, as PyTorch's. A call with a mask runs chapter 9's
+    kernels, which skip the tiles it hides whole. Raises ValueError for dropout and for a value head
+    size other than E: these kernels compute neither, and a wrong answer is worse than an error.
+    Differentiable in query, key and value.
     """
-    if attn_mask is not None:
-        raise ValueError(f"attn_mask: this kernel applies no mask except is_causal, got a tensor of shape "
-                         f"{tuple(attn_mask.shape)}; call torch.nn.functional.scaled_dot_product_attention for masks")
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p: this kernel has no attention dropout, got dropout_p={dropout_p}; pass 0.0 "
                          "(e.g. dropout_p=self.dropout if self.training else 0.0)")
@@ -478,7 +479,19 @@ def scaled_dot_product_attention(query: torch.Tensor, key: torch.Tensor, value: 
     if q.shape[1] != k.shape[1] and not enable_gqa:
         raise ValueError(f"key: {k.shape[1]} key/value heads for {q.shape[1]} query heads needs enable_gqa=True, "
                          "as in PyTorch")
-    o = flash_attention(q, k, v, bool(is_causal), scale)
+    if attn_mask is None:
+        o = flash_attention(q, k, v, bool(is_causal), scale)
+    else:  # the mask as (B, H, L, S), broadcast dimensions kept as stride 0 where the leading ones are one
+        if not isinstance(attn_mask, torch.Tensor):
+            raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+        try:
+            mask = attn_mask.expand(*query.shape[:-1], key.shape[-2])
+        except RuntimeError:
+            raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the attention's "
+                             f"{(*query.shape[:-1], key.shape[-2])}") from None
+        mask = mask.unsqueeze(1) if query.dim() == 3 else mask.reshape(q.shape[0], *mask.shape[-3:])
+        call = _eagerly(flash_attn_variants) if torch.compiler.is_compiling() else flash_attn_variants
+        o = call(q, k, v, bool(is_causal), scale, attn_mask=mask)
     return o.squeeze(1) if query.dim() == 3 else o.reshape(query.shape)
 # --8<-- [end:sdpa]
 

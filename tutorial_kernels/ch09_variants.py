@@ -77,6 +77,30 @@ def _sequence(cu_ptr, batch, n_dense, VARLEN: tl.constexpr):
     return start, length
 
 
+# --8<-- [start:attn_mask]
+@triton.jit
+def _tile_live(live_ptr, tile_m, tile_n, stride_tm, stride_tn, MASK_KIND: tl.constexpr):
+    """Whether tile (tile_m, tile_n) of this (batch, head) has a pair attn_mask keeps: a tile it hides
+    whole is skipped, neither loaded nor computed. Always true without a mask."""
+    if MASK_KIND == 0:
+        return True
+    return tl.load(live_ptr + tile_m * stride_tm + tile_n * stride_tn) != 0
+
+
+@triton.jit
+def _with_attn_mask(s, mask_ptr, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND: tl.constexpr):
+    """PyTorch's attn_mask on a tile of scores in log₂ units: a float mask added (× log₂e, MASK_KIND 1), a
+    boolean one −∞ where False (2). mask_ptr: this (batch, head)'s mask, broadcast dimensions stride 0."""
+    if MASK_KIND == 0:
+        return s
+    inside = (rows[:, None] < n_q) & (cols[None, :] < n_k)
+    ptrs = mask_ptr + rows[:, None].to(tl.int64) * stride_mm + cols[None, :].to(tl.int64) * stride_mn
+    if MASK_KIND == 1:
+        return s + tl.load(ptrs, mask=inside, other=0.0).to(tl.float32) * 1.4426950408889634  # S + mask
+    return tl.where(tl.load(ptrs, mask=inside, other=0) != 0, s, float("-inf"))
+# --8<-- [end:attn_mask]
+
+
 # --8<-- [start:ranges]
 @triton.jit
 def _key_range(start_m, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -108,16 +132,17 @@ def _query_range(start_n, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIG
 # --8<-- [start:forward_kernel]
 @triton.jit
 def _variants_fwd_kernel(
-    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr,
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr, mask_ptr, live_ptr,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lh, stride_lm, stride_sb, stride_sh,
+    stride_mb, stride_mh, stride_mm, stride_mn, stride_tb, stride_th, stride_tm, stride_tn,
     n_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
     VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0,
 ):
     """Chapter 5's minimal kernel with the variants: one program per query tile of one (sequence, head),
     over the key tiles of its band only; writes O and the rows' log-sum-exp (natural units)."""
@@ -145,22 +170,26 @@ def _variants_fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    mask_head = mask_ptr + batch * stride_mb + head * stride_mh  # attn_mask, if any (MASK_KIND)
+    live_row = live_ptr + batch * stride_tb + head * stride_th
     lo, hi = _key_range(pid_m * BLOCK_M, n_q, n_k, left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
     for start_n in range(lo, hi, BLOCK_N):  # only the tiles of the band: the others cost nothing
-        cols = start_n + offs_n
-        k_t = tl.load(k_head + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
-                      mask=(cols[None, :] < n_k) & d_ok[:, None], other=0.0)
-        s, _ = _variant_scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), rows, cols, n_q, n_k, sm_scale,
-                               softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - shift[:, None])
-        alpha = tl.math.exp2(m_i - shift)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
-                    mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
+        if _tile_live(live_row, pid_m, start_n // BLOCK_N, stride_tm, stride_tn, MASK_KIND):
+            cols = start_n + offs_n
+            k_t = tl.load(k_head + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
+                          mask=(cols[None, :] < n_k) & d_ok[:, None], other=0.0)
+            s, _ = _variant_scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), rows, cols, n_q, n_k, sm_scale,
+                                   softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
+            s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+            p = tl.math.exp2(s - shift[:, None])
+            alpha = tl.math.exp2(m_i - shift)
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd,
+                        mask=(cols[:, None] < n_k) & d_ok[None, :], other=0.0)
+            acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
 
     seen = l_i > 0.0
     o = acc / tl.where(seen, l_i, 1.0)[:, None]  # a row with no key in its band: O = 0
@@ -175,17 +204,18 @@ def _variants_fwd_kernel(
 # --8<-- [start:dkdv_kernel]
 @triton.jit
 def _variants_dkdv_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr, mask_ptr, live_ptr,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,  # dO's
     stride_gb, stride_gh, stride_gn, stride_gd,  # dK's and dV's (allocated alike)
     stride_lb, stride_lh, stride_lm, stride_sb, stride_sh,
+    stride_mb, stride_mh, stride_mm, stride_mn, stride_tb, stride_th, stride_tm, stride_tn,
     n_kv_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
     VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0,
 ):
     """Chapter 6's dK/dV kernel with the variants: one program per key tile of one (sequence, KV head),
     over the query tiles of every head of its group that may see it. P is recomputed from the forward's
@@ -215,25 +245,30 @@ def _variants_dkdv_kernel(
         slope = 0.0
         if ALIBI:
             slope = tl.load(slopes_ptr + batch * stride_sb + head * stride_sh)
+        mask_head = mask_ptr + batch * stride_mb + head * stride_mh
+        live_col = live_ptr + batch * stride_tb + head * stride_th
         for start_m in range(lo, hi, BLOCK_M):
-            rows = start_m + offs_m
-            row_ok = rows < n_q
-            q_mask = row_ok[:, None] & d_ok[None, :]
-            q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + rows)[:, None] * stride_qm
-                        + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
-            do = tl.load(do_ptr + batch * stride_ob + head * stride_oh + (q_start + rows)[:, None] * stride_om
-                         + offs_d[None, :] * stride_od, mask=q_mask, other=0.0)
-            row_at = batch * stride_lb + head * stride_lh + (q_start + rows) * stride_lm
-            lse = tl.load(lse_ptr + row_at, mask=row_ok, other=0.0) * 1.4426950408889634  # log₂ units
-            lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row that sees nothing: its P is 0 anyway
-            delta = tl.load(delta_ptr + row_at, mask=row_ok, other=0.0)
-            s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q, n_k,
-                                     sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
-            p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))  # P = e^{S − lse} ≤ 1, as in exact arithmetic
-            dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
-            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO Vᵀ
-            ds = p * (dp - delta[:, None]) * cap  # dS = P ∘ (dP − Δ), through the softcap
-            dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
+            if _tile_live(live_col, start_m // BLOCK_M, pid_n, stride_tm, stride_tn, MASK_KIND):
+                rows = start_m + offs_m
+                row_ok = rows < n_q
+                q_mask = row_ok[:, None] & d_ok[None, :]
+                q = tl.load(q_ptr + batch * stride_qb + head * stride_qh + (q_start + rows)[:, None] * stride_qm
+                            + offs_d[None, :] * stride_qd, mask=q_mask, other=0.0)
+                do = tl.load(do_ptr + batch * stride_ob + head * stride_oh + (q_start + rows)[:, None] * stride_om
+                             + offs_d[None, :] * stride_od, mask=q_mask, other=0.0)
+                row_at = batch * stride_lb + head * stride_lh + (q_start + rows) * stride_lm
+                lse = tl.load(lse_ptr + row_at, mask=row_ok, other=0.0) * 1.4426950408889634  # log₂ units
+                lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row that sees nothing: its P is 0 anyway
+                delta = tl.load(delta_ptr + row_at, mask=row_ok, other=0.0)
+                s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q,
+                                         n_k, sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT,
+                                         HAS_RIGHT)
+                s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+                p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))  # P = e^{S − lse} ≤ 1, as in exact arithmetic
+                dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
+                dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO Vᵀ
+                ds = p * (dp - delta[:, None]) * cap  # dS = P ∘ (dP − Δ), through the softcap
+                dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=DOT_PRECISION)  # dK += dSᵀ Q
     g_at = batch * stride_gb + kv_head * stride_gh + (k_start + cols)[:, None] * stride_gn + offs_d[None, :] * stride_gd
     tl.store(dk_ptr + g_at, (dk * sm_scale).to(dk_ptr.dtype.element_ty), mask=kv_mask)  # τ: S = τ Q Kᵀ
     tl.store(dv_ptr + g_at, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
@@ -242,17 +277,18 @@ def _variants_dkdv_kernel(
 
 @triton.jit
 def _variants_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr, slopes_ptr, mask_ptr, live_ptr,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
     stride_ob, stride_oh, stride_om, stride_od,  # dO's
     stride_gb, stride_gh, stride_gm, stride_gd,  # dQ's
     stride_lb, stride_lh, stride_lm, stride_sb, stride_sh,
+    stride_mb, stride_mh, stride_mm, stride_mn, stride_tb, stride_th, stride_tm, stride_tn,
     n_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
     VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0,
 ):
     """dQ = τ Σ_j dS K_j over the key tiles of the band: one program per query tile of one (sequence, head)."""
     pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, head) on the x axis: any number of them
@@ -286,17 +322,21 @@ def _variants_dq_kernel(
 
     dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     lo, hi = _key_range(pid_m * BLOCK_M, n_q, n_k, left, right, HAS_LEFT, HAS_RIGHT, BLOCK_M, BLOCK_N)
+    mask_head = mask_ptr + batch * stride_mb + head * stride_mh
+    live_row = live_ptr + batch * stride_tb + head * stride_th
     for start_n in range(lo, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kv_mask = (cols[:, None] < n_k) & d_ok[None, :]
-        k = tl.load(k_head + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
-        v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-        s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q, n_k,
-                                 sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
-        p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
-        dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
-        ds = p * (dp - delta[:, None]) * cap
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K_j
+        if _tile_live(live_row, pid_m, start_n // BLOCK_N, stride_tm, stride_tn, MASK_KIND):
+            cols = start_n + offs_n
+            kv_mask = (cols[:, None] < n_k) & d_ok[None, :]
+            k = tl.load(k_head + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
+            v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
+            s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q, n_k,
+                                     sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
+            s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+            p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
+            dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
+            ds = p * (dp - delta[:, None]) * cap
+            dq += tl.dot(ds.to(k.dtype), k, input_precision=DOT_PRECISION)  # dQ += dS K_j
     tl.store(dq_ptr + batch * stride_gb + head * stride_gh + (q_start + rows)[:, None] * stride_gm
              + offs_d[None, :] * stride_gd, (dq * sm_scale).to(dq_ptr.dtype.element_ty), mask=q_mask)
 
@@ -344,7 +384,8 @@ class _Problem:
     """A checked call: how the kernels address it (dense (B, H, N, d), or packed (tokens, H, d) with
     cu_seqlens), and the variants' arguments as the kernels take them."""
 
-    def __init__(self, q, k, v, cu_q, cu_k, batch, n_q, n_k, sm_scale, causal, window_size, softcap, alibi_slopes):
+    def __init__(self, q, k, v, cu_q, cu_k, batch, n_q, n_k, sm_scale, causal, window_size, softcap, alibi_slopes,
+                 attn_mask=None):
         self.varlen = cu_q is not None
         self.batch, self.n_q, self.n_k = batch, n_q, n_k
         self.heads, self.kv_heads, self.head_dim = q.shape[1], k.shape[1], q.shape[-1]  # (tokens, H, d) or (B, H, N, d)
@@ -364,6 +405,20 @@ class _Problem:
             self.slopes, self.slope_strides = alibi_slopes, (0, alibi_slopes.stride(0))
         else:
             self.slopes, self.slope_strides = alibi_slopes, alibi_slopes.stride()
+        # attn_mask: (B, H, n_q, n_k) with broadcast dimensions of stride 0; a boolean one read as bytes
+        self.mask = attn_mask
+        self.mask_kind = 0 if attn_mask is None else (2 if attn_mask.dtype == torch.bool else 1)
+        self.dummy = dummy
+
+    def mask_args(self, block_m: int, block_n: int) -> tuple[tuple, tuple]:
+        """The kernels' attn_mask arguments for tiles of block_m × block_n, as (pointers, strides): the mask
+        and which tiles have a pair it keeps (computed here, once per launch); placeholders without a mask."""
+        if self.mask is None:
+            return (self.dummy, self.dummy), (0,) * 8
+        mask = self.mask.view(torch.uint8) if self.mask_kind == 2 else self.mask
+        keeps = self.mask if self.mask_kind == 2 else self.mask != float("-inf")
+        live = _live_tiles(keeps, block_m, block_n).view(torch.uint8)
+        return (mask, live), (*mask.stride(), *live.stride())
 
     def strides(self, t: torch.Tensor) -> tuple[int, int, int, int]:
         """(batch, head, token, column) strides: a packed (tokens, H, d) tensor has no batch stride."""
@@ -384,6 +439,18 @@ class _Problem:
                 self.softcap, self.left, self.right)
 
 
+def _live_tiles(keeps: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
+    """(B', H', T_r, T_c) bool: whether tile (i, j) of `keeps` (B', H', n_q, n_k, any strides; B' and H' 1 where
+    broadcast) holds a True; rows and columns past the end count as False."""
+    b, h, n_q, n_k = keeps.shape
+    lead = [1 if st == 0 else size for size, st in zip((b, h), keeps.stride()[:2])]  # a broadcast stays one
+    keeps = keeps[: lead[0], : lead[1]]
+    rows, cols = triton.cdiv(n_q, block_m) * block_m, triton.cdiv(n_k, block_n) * block_n
+    padded = torch.nn.functional.pad(keeps.to(torch.uint8), (0, cols - n_k, 0, rows - n_q))
+    tiles = padded.view(*lead, rows // block_m, block_m, cols // block_n, block_n).amax(dim=(3, 5)) != 0
+    return tiles.expand(b, h, *tiles.shape[2:])
+
+
 def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
     # a packed batch's rows start as 0 and −∞: what a max_seqlen too small for some sequence (not
     # checked on the GPU, where reading cu_seqlens would wait for it) leaves, never uninitialised memory
@@ -395,9 +462,11 @@ def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
         return out, lse.fill_(-math.inf)
     tiles = _tiles(p.head_dim, q.dtype, forward=True)
     grid = (p.batch * p.heads, triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]))
+    masks, mask_strides = p.mask_args(tiles["BLOCK_M"], tiles["BLOCK_N"])
     _variants_fwd_kernel[grid](
-        q, k, v, out, lse, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(out),
-        *p.row_strides(lse), *p.slope_strides, *p.scalars(p.heads), **p.flags, **tiles)
+        q, k, v, out, lse, p.cu_q, p.cu_k, p.slopes, *masks, *p.strides(q), *p.strides(k), *p.strides(v),
+        *p.strides(out), *p.row_strides(lse), *p.slope_strides, *mask_strides, *p.scalars(p.heads), **p.flags,
+        MASK_KIND=p.mask_kind, **tiles)
     return out, lse
 
 
@@ -410,15 +479,16 @@ def _backward(p: _Problem, q, k, v, out, lse, do) -> tuple[torch.Tensor, torch.T
     if q.numel() == 0 or k.numel() == 0:
         return dq, dk, dv
     tiles = _tiles(p.head_dim, q.dtype)
-    common = (*p.row_strides(lse), *p.slope_strides)
+    masks, mask_strides = p.mask_args(tiles["BLOCK_M"], tiles["BLOCK_N"])
+    common = (*p.row_strides(lse), *p.slope_strides, *mask_strides)
     grid = (p.batch * p.kv_heads, triton.cdiv(max(p.n_k, 1), tiles["BLOCK_N"]))
     _variants_dkdv_kernel[grid](
-        q, k, v, do, lse, delta, dk, dv, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v),
-        *p.strides(do), *p.strides(dk), *common, *p.scalars(p.kv_heads), **p.flags, **tiles)
+        q, k, v, do, lse, delta, dk, dv, p.cu_q, p.cu_k, p.slopes, *masks, *p.strides(q), *p.strides(k), *p.strides(v),
+        *p.strides(do), *p.strides(dk), *common, *p.scalars(p.kv_heads), **p.flags, MASK_KIND=p.mask_kind, **tiles)
     grid = (p.batch * p.heads, triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]))
     _variants_dq_kernel[grid](
-        q, k, v, do, lse, delta, dq, p.cu_q, p.cu_k, p.slopes, *p.strides(q), *p.strides(k), *p.strides(v),
-        *p.strides(do), *p.strides(dq), *common, *p.scalars(p.heads), **p.flags, **tiles)
+        q, k, v, do, lse, delta, dq, p.cu_q, p.cu_k, p.slopes, *masks, *p.strides(q), *p.strides(k), *p.strides(v),
+        *p.strides(do), *p.strides(dq), *common, *p.scalars(p.heads), **p.flags, MASK_KIND=p.mask_kind, **tiles)
     return dq, dk, dv
 
 
@@ -465,23 +535,47 @@ def _check_variants(heads: int, batch: int, device: torch.device, window_size, s
             raise ValueError(f"alibi_slopes must be on q's device {device}, got {alibi_slopes.device}")
 
 
+def _checked_mask(attn_mask, q: torch.Tensor, n_k: int) -> torch.Tensor:
+    """attn_mask as PyTorch's SDPA takes it, as a (B, H, n_q, n_k) view (broadcast dimensions of stride 0);
+    TypeError / ValueError naming it for what PyTorch refuses, or for a mask that needs a gradient."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(f"attn_mask must be a torch.Tensor or None, got {type(attn_mask).__name__}")
+    if attn_mask.dtype not in (torch.bool, torch.float32, q.dtype):
+        raise ValueError(f"attn_mask: expected dtype bool, float32 or the query's {q.dtype}, as PyTorch does, got "
+                         f"{attn_mask.dtype}")
+    if attn_mask.device != q.device:
+        raise ValueError(f"attn_mask must be on the query's device {q.device}, got {attn_mask.device}")
+    if attn_mask.requires_grad:
+        raise ValueError("attn_mask: this kernel gives no gradient for the mask; pass attn_mask.detach() or call "
+                         "torch.nn.functional.scaled_dot_product_attention")
+    want = (*q.shape[:3], n_k)
+    try:
+        return attn_mask.expand(want)
+    except RuntimeError:
+        raise ValueError(f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the attention's "
+                         f"(batch, heads, L, S) = {want}") from None
+
+
 # --8<-- [start:call]
 def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         sm_scale: float | None = None, *, window_size: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                        return_lse: bool = False):
+                        return_lse: bool = False, attn_mask: torch.Tensor | None = None):
     """softmax(S) V with chapter 9's variants (module docstring), differentiable.
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d), H_kv dividing H; 16 ≤ d ≤ 256; float16, bfloat16 or
     float32; any strides. window_size: (left, right) keys around the bottom-right diagonal, −1 for no
     bound (causal: right = 0); softcap: c > 0 caps the scores at c · tanh(S / c); alibi_slopes: float32
-    (H,) or (B, H). Returns O (B, H, n_q, d), and with return_lse the rows' log-sum-exp (B, H, n_q)
-    float32 (−∞ for a row that sees no key). Raises TypeError / ValueError naming the argument."""
+    (H,) or (B, H); attn_mask: PyTorch's SDPA mask, broadcastable to (B, H, n_q, n_k), boolean (False
+    hides a pair) or float (added to the scores), no gradient; the tiles it hides whole are skipped.
+    Returns O (B, H, n_q, d), and with return_lse the rows' log-sum-exp (B, H, n_q) float32 (−∞ for a
+    row that sees no key). Raises TypeError / ValueError naming the argument."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, allow_empty=True)
     _check_variants(shape.heads, shape.batch, q.device, window_size, softcap, alibi_slopes)
     _check_grid(shape.n_q, shape.n_k, shape.head_dim, q.dtype)
+    mask = None if attn_mask is None else _checked_mask(attn_mask, q, shape.n_k)
     problem = _Problem(q, k, v, None, None, shape.batch, shape.n_q, shape.n_k, shape.sm_scale, bool(causal),
-                       tuple(window_size), float(softcap), alibi_slopes)
+                       tuple(window_size), float(softcap), alibi_slopes, mask)
     out, lse = _VariantAttention.apply(q, k, v, problem)
     return (out, lse) if return_lse else out
 # --8<-- [end:call]

@@ -131,10 +131,12 @@ def variant_mask(n_q: int, n_k: int, window_size: tuple[int, int] = (-1, -1), ca
 
 def reference_variant_scores(q: torch.Tensor, k: torch.Tensor, sm_scale: float | None = None, *, causal: bool = False,
                              window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                             alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                             alibi_slopes: torch.Tensor | None = None,
+                             attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Chapter 9's scores in float64, (B, H, n_q, n_k), as flash-attn's tests define them:
     S = c · tanh(scale · Q Kᵀ / c) when softcap c > 0 (else scale · Q Kᵀ), then + the ALiBi bias
-    −slope_h · |i + n_k − n_q − j| when alibi_slopes ((H,) or (B, H)) is given, then −∞ outside the mask."""
+    −slope_h · |i + n_k − n_q − j| when alibi_slopes ((H,) or (B, H)) is given, then PyTorch's attn_mask
+    (broadcastable: a float one added, a boolean one −∞ where False), then −∞ outside the window."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
     k = expand_kv_heads(k, q.shape[1])
     s = (q.double() @ k.double().transpose(-2, -1)) * scale
@@ -143,6 +145,8 @@ def reference_variant_scores(q: torch.Tensor, k: torch.Tensor, sm_scale: float |
     n_q, n_k = s.shape[-2:]
     if alibi_slopes is not None:
         s = s + alibi_bias(alibi_slopes, q.shape[1], n_q, n_k, torch.float64)
+    if attn_mask is not None:
+        s = s.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else s + attn_mask.double()
     return s.masked_fill(~variant_mask(n_q, n_k, window_size, causal, q.device), -math.inf)
 
 

@@ -98,7 +98,7 @@ def torch_attention_same_dtype(
 
 
 def _softmax_where_seen(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
-    """Row softmax of s over the keys `visible` (n_q, n_k) lets each query see, in s's dtype.
+    """Row softmax of s over the keys `visible` (n_q, n_k), or broadcastable to s, lets each query see, in s's dtype.
 
     Softmax over a row of −∞ is NaN, and NaN in the backward too (0 · NaN): a row that sees no key keeps
     finite scores through the softmax and gets P = 0 after it, so its output and gradients are exact zeros."""
@@ -108,7 +108,8 @@ def _softmax_where_seen(s: torch.Tensor, visible: torch.Tensor) -> torch.Tensor:
 
 def torch_variant_attention_same_dtype(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                                       *, causal: bool = False, window_size: tuple[int, int] = (-1, -1),
-                                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None) -> torch.Tensor:
+                                      softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
+                                      attn_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Chapter 9's variants (`reference.reference_variant_scores`) computed by plain torch ops in the inputs'
     dtype, each result rounded to it: the peers' yardstick for them. A row that sees no key: P = 0."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else sm_scale
@@ -119,7 +120,13 @@ def torch_variant_attention_same_dtype(q: torch.Tensor, k: torch.Tensor, v: torc
     n_q, n_k = s.shape[-2:]
     if alibi_slopes is not None:
         s = s + alibi_bias(alibi_slopes, heads, n_q, n_k, q.dtype)
-    return _softmax_where_seen(s, variant_mask(n_q, n_k, window_size, causal, q.device)) @ expand_kv_heads(v, heads)
+    visible = variant_mask(n_q, n_k, window_size, causal, q.device)
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        visible = visible & attn_mask
+    elif attn_mask is not None:
+        s = s + attn_mask.to(q.dtype)
+        visible = visible & (attn_mask != -math.inf)
+    return _softmax_where_seen(s, visible) @ expand_kv_heads(v, heads)
 
 
 def max_abs_error(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, tuple[int, ...]]:

@@ -89,7 +89,10 @@ def test_sdpa_grouped_query_and_scale_as_torch():
 
 
 @pytest.mark.parametrize("call, error, match", [
-    (dict(attn_mask=torch.ones(8, 8, dtype=torch.bool)), ValueError, "attn_mask: this kernel applies no mask"),
+    (dict(attn_mask=torch.ones(8, 8, dtype=torch.int32)), ValueError, "attn_mask: expected dtype bool, float32"),
+    (dict(attn_mask=torch.ones(3, 8, 8, dtype=torch.bool)), ValueError, "attn_mask of shape \\(3, 8, 8\\) does not"),
+    (dict(attn_mask=torch.zeros(8, 8, requires_grad=True)), ValueError, "attn_mask: this kernel gives no gradient"),
+    (dict(attn_mask="causal"), TypeError, "attn_mask must be a torch.Tensor or None, got str"),
     (dict(dropout_p=0.1), ValueError, "dropout_p: .*got dropout_p=0.1"),
     (dict(is_causal=True, key_len=9), ValueError, "is_causal: PyTorch aligns .* top-left .* L=8, S=9"),
     (dict(kv_heads=1), ValueError, "key: 1 key/value heads for 2 query heads needs enable_gqa=True"),

@@ -339,3 +339,77 @@ def test_the_front_door_runs_a_window_on_hopper_and_trains_through_it(head_dim, 
            [t.grad for t in leaves_b], seed, f"front door d={head_dim}")
     capped = tutorial_kernels.flash_attention(q, k, v, True, window_size=(700, 0), softcap=30.0)
     assert torch.equal(capped, flash_attn_variants(q, k, v, True, window_size=(700, 0), softcap=30.0))
+
+
+def _attn_mask(kind: str, batch: int, heads: int, n_q: int, n_k: int, dtype, seed: int) -> torch.Tensor:
+    """PyTorch-style masks: a padding mask per sequence (B, 1, 1, S); a block-sparse boolean one that hides whole
+    16 × 16 tiles and every key of query rows 3 and 40 (L, S); a float one (B, H, L, S) with −∞ entries; a
+    float one in the inputs' dtype broadcast over the batch and the queries (1, H, 1, S)."""
+    g = torch.Generator().manual_seed(seed)
+    if kind == "padding":
+        lengths = torch.tensor([n_k, n_k // 3])[:batch]
+        return (torch.arange(n_k)[None, None, None, :] < lengths[:, None, None, None]).to(default_device())
+    if kind == "block-sparse":
+        tiles = torch.rand(-(-n_q // 16), -(-n_k // 16), generator=g) < 0.5
+        mask = tiles.repeat_interleave(16, 0).repeat_interleave(16, 1)[:n_q, :n_k] & (torch.rand(n_q, n_k, generator=g) < 0.8)
+        mask[[3, 40]] = False
+        return mask.to(default_device())
+    if kind == "additive":
+        bias = torch.randn(batch, heads, n_q, n_k, generator=g)
+        return bias.masked_fill(torch.rand(batch, heads, n_q, n_k, generator=g) < 0.3, -math.inf).to(default_device())
+    return torch.randn(1, heads, 1, n_k, generator=g).to(default_device()).to(dtype)  # "additive-broadcast"
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("kind, causal", [("padding", True), ("block-sparse", False), ("additive", False),
+                                          ("additive-broadcast", True)])
+def test_attn_mask_matches_the_reference_forward_and_backward(kind, causal, dtype):
+    """PyTorch's attn_mask in chapter 9's kernels (with GQA and a causal mask on top where PyTorch computes both),
+    output and gradients with the peers' rule; rows the mask leaves no key get O = 0 and lse = −∞."""
+    seed = fresh_seed()
+    batch, heads, kv_heads, n_q, n_k, d = 2, 4, 2, 53, 53 if causal else 70, 32
+    q = _draw((batch, heads, n_q, d), dtype, seed)
+    k = _draw((batch, kv_heads, n_k, d), dtype, seed + 1)
+    v = _draw((batch, kv_heads, n_k, d), dtype, seed + 2)
+    do = _draw((batch, heads, n_q, d), dtype, seed + 3)
+    mask = _attn_mask(kind, batch, heads, n_q, n_k, dtype, seed)
+    full = mask.expand(batch, heads, n_q, n_k)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out, lse = flash_attn_variants(*leaves, causal, return_lse=True, attn_mask=mask)
+    out.backward(do)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, lse64 = reference_variant_attention(*leaves64, causal=causal, attn_mask=full)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, causal=causal, attn_mask=full)
+    base.backward(do)
+    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
+           [t.grad for t in leaves_b], seed, f"attn_mask {kind}")
+    hidden = torch.isinf(lse64)
+    assert torch.equal(torch.isinf(lse.cpu()), hidden.cpu()), f"rows without a key differ; seed={seed}"
+    assert torch.allclose(lse[~hidden].double(), lse64[~hidden], atol=1e-3, rtol=1e-3), f"lse; seed={seed}"
+
+
+def test_the_live_tiles_are_the_tiles_holding_a_kept_pair():
+    """`_live_tiles`, the table the kernels skip by: tile (i, j) is live exactly when the mask keeps a pair in it,
+    for ragged edges and broadcast dimensions (kept as stride 0, not copied)."""
+    from tutorial_kernels.ch09_variants import _live_tiles
+
+    g = torch.Generator().manual_seed(0)
+    keeps = torch.rand(1, 3, 37, 50, generator=g) < 0.01
+    live = _live_tiles(keeps.expand(2, 3, 37, 50), 16, 32)
+    assert live.shape == (2, 3, 3, 2) and live.stride(0) == 0
+    for h in range(3):
+        for i in range(3):
+            for j in range(2):
+                assert bool(live[1, h, i, j]) == bool(keeps[0, h, 16 * i:16 * i + 16, 32 * j:32 * j + 32].any())
+
+
+def test_a_mask_that_hides_everything_gives_zeros_and_no_nan():
+    """Every tile skipped: the output is 0, lse −∞ and the gradients 0, as PyTorch's (a row with no key: 0)."""
+    q, k, v = (_draw((1, 2, 20, 16), torch.float32, i).requires_grad_() for i in range(3))
+    out, lse = flash_attn_variants(q, k, v, return_lse=True, attn_mask=torch.zeros(20, 20, dtype=torch.bool,
+                                                                                    device=q.device))
+    out.sum().backward()
+    assert torch.equal(out, torch.zeros_like(out)) and bool(torch.isinf(lse).all())
+    assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in (q, k, v))

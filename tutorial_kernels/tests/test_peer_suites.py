@@ -38,7 +38,7 @@ from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.testing import (KERNEL_DTYPES, ON_GPU, PEER_GRAD_FACTOR, PEER_OUTPUT_FACTOR, PeerRuleError,
                                       assert_within_peer_rule, fresh_seed, outputs_and_gradients, random_qkv,
-                                      torch_attention_same_dtype)
+                                      torch_attention_same_dtype, torch_variant_attention_same_dtype)
 
 DEVICE = default_device()
 F16, F32 = torch.float16, torch.float32
@@ -301,6 +301,14 @@ SDPA_CALLS = [
         attn_mask=torch.ones(3, 3, dtype=torch.bool, device=DEVICE).tril()))),
     SdpaCall("float-mask", r"attn_mask", lambda s: (*_qkv((2, 2, 3, 16))(s)[:3],
                                                     dict(attn_mask=_draw(s + 1, (2, 2, 3, 3))[0]))),
+    SdpaCall("padding-mask-with-causal", r"attn_mask", lambda s: (*_qkv((2, 2, 19, 16))(s)[:3], dict(
+        attn_mask=torch.arange(19, device=DEVICE)[None, None, None, :] < torch.tensor([19, 7], device=DEVICE)[:, None,
+                                                                                                             None, None],
+        is_causal=True))),
+    SdpaCall("mask-hiding-rows", r"attn_mask", lambda s: (*_qkv((1, 2, 5, 16), (1, 2, 9, 16))(s)[:3], dict(
+        attn_mask=torch.tensor([1, 0, 1, 0, 1], dtype=torch.bool, device=DEVICE)[:, None].expand(5, 9)))),
+    SdpaCall("mask-five-dimensional", r"attn_mask", lambda s: (*_qkv((2, 2, 3, 8, 16))(s)[:3],
+                                                               dict(attn_mask=_draw(s + 1, (3, 8, 8))[0]))),
     SdpaCall("causal-with-l-not-s", r"is_causal", _qkv((1, 1, 8, 16), (1, 1, 12, 16), is_causal=True)),
     SdpaCall("float64", r"\bq\.dtype|\bquery\b", _qkv((2, 2, 3, 16), dtype=torch.float64)),  # ..._invalid_dtype
     SdpaCall("head-dim-257", _HEAD_DIM, _qkv((2, 2, 3, 257))),  # test_invalid_fused_inputs_head_dim
@@ -326,14 +334,26 @@ def _as_bhld(t: torch.Tensor) -> torch.Tensor:
     return t.unsqueeze(1) if t.dim() == 3 else t.reshape(-1, *t.shape[-3:])
 
 
-def _pytorch_same_dtype(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, **_):
-    """`torch_attention_same_dtype` with SDPA's arguments and shapes (top-left causal mask, as SDPA's)."""
-    o = torch_attention_same_dtype(_as_bhld(q), _as_bhld(k), _as_bhld(v), is_causal, scale, alignment="top-left")
+def _pytorch_same_dtype(q, k, v, *, is_causal=False, scale=None, enable_gqa=False, attn_mask=None, **_):
+    """`torch_attention_same_dtype` with SDPA's arguments and shapes (top-left causal mask, as SDPA's);
+    with attn_mask, `torch_variant_attention_same_dtype` (SDPA computes is_causal with a mask only where L = S,
+    where both alignments agree)."""
+    if attn_mask is None:
+        o = torch_attention_same_dtype(_as_bhld(q), _as_bhld(k), _as_bhld(v), is_causal, scale, alignment="top-left")
+    else:
+        mask = _as_bhld(attn_mask.expand(*q.shape[:-1], k.shape[-2]))
+        o = torch_variant_attention_same_dtype(_as_bhld(q), _as_bhld(k), _as_bhld(v), scale, causal=is_causal,
+                                               attn_mask=mask)
     return o.reshape(*q.shape[:-1], v.shape[-1])
 
 
 def _cpu_float64(kwargs: dict) -> Callable:
-    """PyTorch's SDPA in float64 on the CPU (the exact answer), on tensors given on any device."""
+    """PyTorch's SDPA in float64 on the CPU (the exact answer), on tensors given on any device (a float
+    attn_mask in float64 too, as PyTorch wants it)."""
+    mask = kwargs.get("attn_mask")
+    if mask is not None:
+        mask = mask.cpu() if mask.dtype == torch.bool else mask.cpu().double()
+        kwargs = dict(kwargs, attn_mask=mask)
     return lambda *t: F.scaled_dot_product_attention(*(x.cpu() for x in t), **kwargs).to(t[0].device)
 
 
