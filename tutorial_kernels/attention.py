@@ -32,7 +32,8 @@ Conventions. `flash_attention` aligns the causal mask to the bottom-right corner
 sees keys j ≤ i + n_k − n_q, what a key/value cache needs), like every chapter.
 `scaled_dot_product_attention` follows `torch.nn.functional.scaled_dot_product_attention`:
 top-left alignment, so it refuses `is_causal=True` with n_q ≠ n_k instead of computing the other
-alignment, and it refuses what these kernels do not compute (a mask, dropout) with a ValueError.
+alignment; it computes `attn_mask` (chapter 9's kernels) and refuses what these kernels do not compute
+(dropout) with a ValueError.
 As in PyTorch, a call with `out=` does not support autograd.
 """
 
