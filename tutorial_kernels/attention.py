@@ -4,7 +4,8 @@
     o = flash_attention(q, k, v, causal=True)                      # (B, H, n_q, d), differentiable
     o = scaled_dot_product_attention(q, k, v, is_causal=True)      # torch's semantics and arguments
 
-Which kernel runs (`kernel_for`):
+Which kernel runs (`dispatch.kernel_for`, `dispatch.backward_kernel_for`; `dispatch.explain` says why, and
+`dispatch.attention_kernels` pins or excludes kernels for the calls in a block):
 
 * the forward: on a Hopper GPU where chapter 7's kernel applies and is the faster
   (`ch07_hopper.preferred_over_triton`), FlashAttention-3's schedule in Gluon; elsewhere on a GPU,
@@ -44,12 +45,12 @@ import math
 import torch
 
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
+from tutorial_kernels.dispatch import allowed_kernels, backward_kernel_for, kernel_for, pinned
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
 from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key, relaunch_kvcache, run_kvcache
 from tutorial_kernels.ch09_variants import flash_attn_variants, flash_attn_variants_backward, flash_attn_varlen
-from tutorial_kernels.ch07_hopper import (flash_attn_hopper, flash_attn_hopper_with_lse, hopper_kernel_unavailable,
-                                          preferred_over_triton)
+from tutorial_kernels.ch07_hopper import flash_attn_hopper, flash_attn_hopper_with_lse
 from tutorial_kernels.perf.launch_plan import attention_call_key
 from tutorial_kernels.validation import check_attention_inputs, check_out, check_window_size
 
@@ -62,44 +63,6 @@ _DECISIONS: dict = {}  # attention_call_key(...) → (kernel, scale, its relaunc
 # per forward kernel that remembers its launches: (its launch key for a call, the relaunch under that key)
 _RELAUNCHES = {"hopper": (ch07_hopper.remembered_key, ch07_hopper.relaunch_remembered),
                "triton-tuned": (ch05_flash_v2.remembered_key, ch05_flash_v2.relaunch_remembered)}
-
-
-def _nothing_to_compute(q: torch.Tensor, k: torch.Tensor) -> bool:
-    """No query, or no key (a batch or a sequence of length 0): PyTorch's answer needs no kernel, an
-    empty output, or zeros where queries see no key (their log-sum-exp −∞, their gradients 0)."""
-    return q.numel() == 0 or k.shape[2] == 0
-
-
-def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
-               out: torch.Tensor | None = None) -> str:
-    """Which forward kernel `flash_attention` runs for these (validated) inputs: "triton-interpreter",
-    "triton-tuned" or "hopper", for inference and training alike (training adds the log-sum-exp), or
-    "none" for a problem with no query or no key. The Hopper kernel writes `out` with its head
-    dimension contiguous, so another layout of `out` goes to Triton."""
-    if _nothing_to_compute(q, k):
-        return "none"
-    if not q.is_cuda:
-        return "triton-interpreter"
-    if (preferred_over_triton(q, k, causal) and hopper_kernel_unavailable(q, k, v) is None
-            and (out is None or out.stride(3) == 1)):
-        return "hopper"
-    return "triton-tuned"
-
-
-def backward_kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> str:
-    """Which backward `flash_attention`'s gradients run: "hopper" (chapter 7's Gluon kernel),
-    "triton-tuned" or "triton-interpreter" (chapter 6's kernels). Under
-    `torch.use_deterministic_algorithms(True)` never "hopper": its dQ sums in no fixed order. "none"
-    without a query or a key."""
-    if _nothing_to_compute(q, k):
-        return "none"
-    if not q.is_cuda:
-        return "triton-interpreter"
-    if (not torch.are_deterministic_algorithms_enabled()
-            and ch07_hopper_backward.preferred_over_triton(q, k, causal)
-            and ch07_hopper_backward.hopper_backward_unavailable(q, k, v, do) is None):
-        return "hopper"
-    return "triton-tuned"
 
 
 # --8<-- [start:custom_ops]
@@ -181,12 +144,13 @@ def _setup_context(ctx, inputs, output):
     q, k, v, causal, sm_scale = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)  # O(N·d) numbers: never the n_q × n_k matrix P
-    ctx.causal, ctx.sm_scale = causal, sm_scale
+    ctx.causal, ctx.sm_scale, ctx.allowed = causal, sm_scale, allowed_kernels()  # the backward keeps the pins
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    dq, dk, dv = _attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
+    with pinned(ctx.allowed):
+        dq, dk, dv = _attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
     return dq, dk, dv, None, None
 
 
@@ -201,7 +165,7 @@ class _EagerAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, sm_scale):
         o, lse = _train_forward(q, k, v, causal, sm_scale)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale = causal, sm_scale
+        ctx.causal, ctx.sm_scale, ctx.allowed = causal, sm_scale, allowed_kernels()
         ctx.mark_non_differentiable(lse)  # returned for return_lse; no gradient flows through it
         return o, lse
 
@@ -209,7 +173,8 @@ class _EagerAttention(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, dlse):
         q, k, v, o, lse = ctx.saved_tensors
-        return *_train_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale), None, None
+        with pinned(ctx.allowed):  # the forward's pins, wherever the backward runs
+            return *_train_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale), None, None
 
 
 def _traced(q: torch.Tensor) -> bool:
@@ -258,6 +223,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     # Eagerly, a call like an earlier one (shapes, strides, dtypes, flags) passed the same checks and
     # picks the same kernel: remembered, so that a model's layers pay for neither again.
     key = attention_call_key(q, k, v, out, causal, sm_scale, training)
+    pins = allowed_kernels()
+    if key is not None and pins is not None:
+        key = (key, pins)  # a decision holds only under the pins it was made under
     decision = _DECISIONS.get(key) if key is not None else None
     if decision is None:
         scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
@@ -332,7 +300,7 @@ class _HopperWindow(torch.autograd.Function):
     def forward(ctx, q, k, v, causal, sm_scale, window_size):
         o, lse = flash_attn_hopper_with_lse(q, k, v, causal, sm_scale, window_size=window_size)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.causal, ctx.sm_scale, ctx.window_size = causal, sm_scale, window_size
+        ctx.causal, ctx.sm_scale, ctx.window_size, ctx.allowed = causal, sm_scale, window_size, allowed_kernels()
         ctx.mark_non_differentiable(lse)
         return o, lse
 
@@ -341,7 +309,9 @@ class _HopperWindow(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         do = do.contiguous()
-        if backward_kernel_for(q, k, v, do, ctx.causal) == "hopper":
+        with pinned(ctx.allowed):
+            kernel = backward_kernel_for(q, k, v, do, ctx.causal)
+        if kernel == "hopper":
             grads = ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale,
                                                                     window_size=ctx.window_size)
         else:

@@ -56,7 +56,7 @@ def layer(module: str) -> str:
         return "leaves"
     if top in ("perf", "bench", "figures"):
         return top
-    if module in ("attention", "tuning"):
+    if module in ("attention", "dispatch", "tuning"):
         return "api"
     if top in ("instruments", "integrations", "labs"):
         return "uses"

@@ -1,0 +1,181 @@
+"""Which kernel runs a front-door call: the rules in one place, a way to pin or exclude kernels, and why.
+
+    from tutorial_kernels import attention_kernels, explain
+    print(explain(q, k, v, causal=True))              # which kernels would run, and why the others do not
+    with attention_kernels("triton-tuned"):            # like torch.nn.attention.sdpa_kernel
+        o = flash_attention(q, k, v, causal=True)      # chapter 5's and 6's kernels only
+
+The kernels, in the order the front door prefers them where more than one can run a call:
+
+* "hopper": chapter 7's Gluon kernels (FlashAttention-3's schedule), on a Hopper GPU, head_dim 64, 128
+  or 256 (the backward 64 or 128), where they were measured faster than chapter 5's kernel
+  (`ch07_hopper.preferred_over_triton`, `ch07_hopper_backward.preferred_over_triton`);
+* "triton-tuned": chapter 5's forward and chapter 6's backward, tiles from the measured table, on any
+  CUDA GPU;
+* "triton-interpreter": the same kernels in Triton's interpreter, on the CPU.
+
+A window alone follows the forward's choice ("hopper": chapter 7's kernels with its bounds; otherwise
+chapter 9's); softcap, ALiBi, masks, packed batches and decoding have one kernel family each and are not
+pinned. Pins apply to the calls made inside the block, eagerly or traced by torch.compile there; a
+backward keeps the pins its forward ran under.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import NamedTuple
+
+import torch
+
+from tutorial_kernels import ch07_hopper, ch07_hopper_backward
+
+KERNELS = ("hopper", "triton-tuned", "triton-interpreter")  # in the order of preference
+_ALLOWED: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("attention_kernels", default=None)
+
+
+@contextlib.contextmanager
+def attention_kernels(*kernels: str, exclude: tuple[str, ...] | list[str] = ()) -> Iterator[None]:
+    """Within the block, the front door runs only `kernels` (all of KERNELS if none are named) less
+    `exclude`; a call none of them can run raises RuntimeError saying why each could not. Nests: an
+    inner block narrows further. Raises ValueError naming an unknown kernel."""
+    for name in (*kernels, *exclude):
+        if name not in KERNELS:
+            raise ValueError(f"attention_kernels: unknown kernel {name!r}; the kernels are {', '.join(KERNELS)}")
+    allowed = frozenset(kernels or KERNELS) - frozenset(exclude)
+    outer = _ALLOWED.get()
+    token = _ALLOWED.set(allowed if outer is None else allowed & outer)
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
+
+
+def allowed_kernels() -> frozenset | None:
+    """The kernels the enclosing `attention_kernels` blocks allow, None outside any (all of them)."""
+    return _ALLOWED.get()
+
+
+@contextlib.contextmanager
+def pinned(allowed: frozenset | None) -> Iterator[None]:
+    """Run under a set of allowed kernels saved earlier (`allowed_kernels()`): a backward under its forward's."""
+    token = _ALLOWED.set(allowed)
+    try:
+        yield
+    finally:
+        _ALLOWED.reset(token)
+
+
+class Choice(NamedTuple):
+    """A kernel picked for a call: its name and, for every kernel considered, why it does not run the call
+    (None for those that could)."""
+    kernel: str
+    considered: tuple[tuple[str, str | None], ...]
+
+
+def _nothing_to_compute(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """No query, or no key: PyTorch's answer needs no kernel (an empty output, or zeros without keys)."""
+    return q.numel() == 0 or k.shape[2] == 0
+
+
+def _hopper_not_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool) -> str | None:
+    """Why chapter 7's kernel, though it could run the call, was measured slower than chapter 5's or 6's there."""
+    n = min(q.shape[2], k.shape[2])
+    if backward:
+        if ch07_hopper_backward.preferred_over_triton(q, k, causal):
+            return None
+        least = ch07_hopper_backward.MIN_KEYS_FOR.get((q.shape[3], bool(causal)))
+        if least is None:
+            return f"is built for head_dim {' or '.join(map(str, ch07_hopper_backward.HEAD_DIMS))}, got {q.shape[3]}"
+        return f"was measured faster than chapter 6's kernels from {least} keys at this head_dim, got {n}"
+    if ch07_hopper.preferred_over_triton(q, k, causal):
+        return None
+    if q.shape[3] not in ch07_hopper.PREFERRED_HEAD_DIMS:
+        return f"was measured no faster than chapter 5's kernel at head_dim {q.shape[3]}"
+    return (f"was measured faster than chapter 5's kernel from {ch07_hopper.MIN_KEYS_PERSISTENT} keys where the "
+            f"K and V fit the L2 cache, and from {ch07_hopper.MIN_KEYS} otherwise, got {n}")
+
+
+def _choose(considered: list[tuple[str, str | None]], what: str) -> Choice:
+    """The first kernel that can run the call and is allowed; RuntimeError if none."""
+    allowed = _ALLOWED.get()
+    marked = [(name, why if allowed is None or name in allowed or why is not None else "excluded by attention_kernels")
+              for name, why in considered]
+    for name, why in marked:
+        if why is None:
+            return Choice(name, tuple(marked))
+    reasons = "; ".join(f"{name} {why}" for name, why in marked)
+    raise RuntimeError(f"attention_kernels: no allowed kernel runs this {what} ({reasons})")
+
+
+def forward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
+                   out: torch.Tensor | None = None) -> Choice:
+    """The forward kernel for these (validated) inputs, and why each other one does not run them. "none" for
+    a call with no query or no key. The Hopper kernel writes `out` with its head dimension contiguous."""
+    if _nothing_to_compute(q, k):
+        return Choice("none", ())
+    if not q.is_cuda:
+        hopper = tuned = "needs a CUDA GPU, got the CPU"
+        interpreter = None
+    else:
+        hopper = (ch07_hopper.hopper_kernel_unavailable(q, k, v) or _hopper_not_preferred(q, k, causal, False)
+                  or (None if out is None or out.stride(3) == 1 else "writes out with its head dimension contiguous"))
+        tuned, interpreter = None, "runs on the CPU only"
+    return _choose([("hopper", hopper), ("triton-tuned", tuned), ("triton-interpreter", interpreter)], "forward")
+
+
+def backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> Choice:
+    """The backward kernel for these inputs and dO, and why each other one does not run them. Under
+    `torch.use_deterministic_algorithms(True)` never "hopper": its dQ sums in no fixed order."""
+    if _nothing_to_compute(q, k):
+        return Choice("none", ())
+    if not q.is_cuda:
+        hopper = tuned = "needs a CUDA GPU, got the CPU"
+        interpreter = None
+    else:
+        hopper = ("sums dQ in no fixed order, and torch.use_deterministic_algorithms(True) is set"
+                  if torch.are_deterministic_algorithms_enabled() else
+                  ch07_hopper_backward.hopper_backward_unavailable(q, k, v, do)
+                  or _hopper_not_preferred(q, k, causal, True))
+        tuned, interpreter = None, "runs on the CPU only"
+    return _choose([("hopper", hopper), ("triton-tuned", tuned), ("triton-interpreter", interpreter)], "backward")
+
+
+def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
+               out: torch.Tensor | None = None) -> str:
+    """The forward kernel's name (`forward_choice`): "hopper", "triton-tuned", "triton-interpreter" or "none"."""
+    return forward_choice(q, k, v, causal, out=out).kernel
+
+
+def backward_kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> str:
+    """The backward kernel's name (`backward_choice`)."""
+    return backward_choice(q, k, v, do, causal).kernel
+
+
+DESCRIPTIONS = {"hopper": "chapter 7's Gluon kernel, FlashAttention-3's schedule",
+                "triton-tuned": "chapter 5's Triton kernel (backward: chapter 6's), tiles from the measured table",
+                "triton-interpreter": "chapter 5's Triton kernel (backward: chapter 6's) in Triton's interpreter",
+                "none": "no kernel: no query or no key (PyTorch's answer: empty, or zeros)"}
+
+
+def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
+            training: bool | None = None) -> str:
+    """Which kernels `flash_attention(q, k, v, causal)` would run for these tensors, and why each other
+    kernel would not: a few lines of text. training: whether the backward is wanted too (default: whether
+    any of q, k, v requires grad). Runs nothing; raises as the call would for inputs it refuses."""
+    from tutorial_kernels.validation import check_attention_inputs
+
+    check_attention_inputs(q, k, v, causal, None, max_head_dim=256, allow_gqa=True, allow_empty=True)
+    training = any(t.requires_grad for t in (q, k, v)) if training is None else training
+    lines = []
+    for what, choice in (("forward", forward_choice(q, k, v, causal)),) + (
+            (("backward", backward_choice(q, k, v, q, causal)),) if training else ()):
+        lines.append(f"{what}: {choice.kernel} — {DESCRIPTIONS[choice.kernel]}")
+        lines += [f"  {name}: {'could run it' if why is None else why}" for name, why in choice.considered
+                  if name != choice.kernel]
+    return "\n".join(lines)
+
+
+__all__ = ["attention_kernels", "allowed_kernels", "explain", "forward_choice", "backward_choice", "kernel_for",
+           "backward_kernel_for", "KERNELS"]
