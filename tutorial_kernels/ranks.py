@@ -41,12 +41,25 @@ def _entry(rank: int, world: int, port: int, backend: str, result_path: str, fn,
 
 def run_ranks(fn, world: int, *args, backend: str | None = None):
     """fn(rank, world, *args) on `world` processes; rank 0's result. backend: "nccl" where there are
-    `world` GPUs, else "gloo". Raises RuntimeError carrying a failing rank's traceback."""
+    `world` GPUs, else "gloo", the ranks then on the CPU (GPUs hidden from them). Raises RuntimeError
+    carrying a failing rank's traceback."""
     backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
+    # gloo on a machine with fewer GPUs than ranks: the ranks see no GPU, so they run on the CPU, in
+    # Triton's interpreter, as on a laptop (gloo sends CPU tensors; NCCL wants a GPU per rank)
+    hide_gpus = backend == "gloo" and torch.cuda.is_available()
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result")
-        mp.start_processes(_entry, args=(world, _free_port(), backend, path, fn, args), nprocs=world,
-                           start_method="spawn")
+        try:
+            if hide_gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read by each new process when it starts
+            mp.start_processes(_entry, args=(world, _free_port(), backend, path, fn, args), nprocs=world,
+                               start_method="spawn")
+        finally:
+            if hide_gpus and before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES")
+            elif hide_gpus:
+                os.environ["CUDA_VISIBLE_DEVICES"] = before
         for rank in range(world):
             if os.path.exists(f"{path}.{rank}"):
                 status, value = torch.load(f"{path}.{rank}", weights_only=False)

@@ -367,8 +367,9 @@ def test_sdpa_refuses_naming_the_argument_or_computes_what_pytorch_computes(call
         assert re.search(call.names, str(error)), f"the error does not name {call.names!r}: {error}"
         return
     cpu = [t.detach().cpu() for t in (q, k, v)]
-    try:
-        want = F.scaled_dot_product_attention(*cpu, **kwargs)
+    try:  # PyTorch on the CPU, its mask there too
+        want = F.scaled_dot_product_attention(*cpu, **{name: value.cpu() if isinstance(value, torch.Tensor) else value
+                                                         for name, value in kwargs.items()})
     except RuntimeError as error:
         pytest.fail(f"computed what PyTorch refuses ({error}); seed={seed}")
     assert ours.shape == want.shape and ours.dtype == want.dtype and ours.device == q.device, \
