@@ -39,27 +39,23 @@ def _entry(rank: int, world: int, port: int, backend: str, result_path: str, fn,
         torch.save(outcome, f"{result_path}.{rank}")
 
 
+def ranks_unavailable(world: int) -> str | None:
+    """None if `run_ranks` can form a group of `world` ranks here, else why not: on a machine with a GPU the
+    ranks need a GPU each (NCCL; gloo sends no GPU tensor from one process to another, and the kernels run
+    on the CPU only where no GPU is present); on the CPU any number runs."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < world:
+        return f"{world} ranks need {world} GPUs on a machine with GPUs, this one has {torch.cuda.device_count()}"
+    return None
+
+
 def run_ranks(fn, world: int, *args, backend: str | None = None):
     """fn(rank, world, *args) on `world` processes; rank 0's result. backend: "nccl" where there are
-    `world` GPUs, else "gloo", the ranks then on the CPU (GPUs hidden from them). Raises RuntimeError
-    carrying a failing rank's traceback."""
+    `world` GPUs, else "gloo". Raises RuntimeError carrying a failing rank's traceback."""
     backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
-    # gloo on a machine with fewer GPUs than ranks: the ranks see no GPU, so they run on the CPU, in
-    # Triton's interpreter, as on a laptop (gloo sends CPU tensors; NCCL wants a GPU per rank)
-    hide_gpus = backend == "gloo" and torch.cuda.is_available()
-    before = os.environ.get("CUDA_VISIBLE_DEVICES")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result")
-        try:
-            if hide_gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = ""  # read by each new process when it starts
-            mp.start_processes(_entry, args=(world, _free_port(), backend, path, fn, args), nprocs=world,
-                               start_method="spawn")
-        finally:
-            if hide_gpus and before is None:
-                os.environ.pop("CUDA_VISIBLE_DEVICES")
-            elif hide_gpus:
-                os.environ["CUDA_VISIBLE_DEVICES"] = before
+        mp.start_processes(_entry, args=(world, _free_port(), backend, path, fn, args), nprocs=world,
+                           start_method="spawn")
         for rank in range(world):
             if os.path.exists(f"{path}.{rank}"):
                 status, value = torch.load(f"{path}.{rank}", weights_only=False)

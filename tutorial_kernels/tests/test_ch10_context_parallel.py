@@ -13,7 +13,7 @@ import torch
 from tutorial_kernels.ch10_context_parallel import (context_parallel_attention, merge_partials, prefers_all_to_all,
                                                     ring_attention, ring_blocks, shard_sequence, ulysses_attention,
                                                     unshard_sequence, zigzag_chunks, zigzag_positions)
-from tutorial_kernels.ranks import run_ranks
+from tutorial_kernels.ranks import ranks_unavailable, run_ranks
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import (PEER_GRAD_FACTOR, PEER_OUTPUT_FACTOR, assert_within_peer_rule, default_device,
                                       fresh_seed, torch_attention_same_dtype)
@@ -71,6 +71,8 @@ def _cases_on_rank(rank: int, world: int, seed: int) -> dict[str, str]:
 @pytest.fixture(scope="module", params=[2, 4], ids=lambda w: f"{w}-ranks")
 def verdicts(request):
     world = request.param
+    if ranks_unavailable(world):
+        pytest.skip(ranks_unavailable(world))
     return world, run_ranks(_cases_on_rank, world, fresh_seed())
 
 
