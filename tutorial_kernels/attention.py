@@ -190,7 +190,8 @@ def _traced(q: torch.Tensor) -> bool:
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                     sm_scale: float | None = None, *, out: torch.Tensor | None = None,
                     window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                    alibi_slopes: torch.Tensor | None = None, return_lse: bool = False):
+                    alibi_slopes: torch.Tensor | None = None, return_lse: bool = False, score_mod=None,
+                    score_mod_grad=None, mask_mod=None):
     """softmax(sm_scale · Q Kᵀ) V through the fastest kernel of this tutorial that is correct for the
     inputs, forward and backward (see the module docstring).
 
@@ -204,10 +205,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     slopes, float32 (H,) or (B, H)); a call with any of them runs chapter 9's kernels, not with `out`.
     return_lse: also return each row's log Σ_j e^{S_ij}, (B, H, n_q) float32 (−∞ for a query that sees no
     key), flash-attn's `softmax_lse`; no gradient flows through it.
+    score_mod, score_mod_grad, mask_mod: FlexAttention's hooks as @triton.jit functions (chapter 9,
+    `ch09_variants.flash_attn_variants` states them); a call with one runs chapter 9's kernels.
     Raises TypeError / ValueError naming the argument for inputs outside this contract.
     """
-    if window_size != (-1, -1) or softcap != 0.0 or alibi_slopes is not None:
-        return _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes, return_lse)
+    hooks = dict(score_mod=score_mod, score_mod_grad=score_mod_grad, mask_mod=mask_mod)
+    if (window_size != (-1, -1) or softcap != 0.0 or alibi_slopes is not None
+            or any(fn is not None for fn in hooks.values())):
+        return _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes, return_lse, hooks)
     if return_lse:
         return _with_lse(q, k, v, causal, sm_scale, out)
     training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
@@ -272,15 +277,19 @@ def _with_lse(q, k, v, causal, sm_scale, out) -> tuple[torch.Tensor, torch.Tenso
     return o, lse
 
 
-def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes, return_lse=False):
-    """Chapter 9's kernels, for a call with a window, a softcap or ALiBi slopes. They launch eagerly:
-    under torch.compile the call is a graph break (`_eagerly`)."""
+def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes, return_lse=False,
+                   hooks=None):
+    """Chapter 9's kernels, for a call with a window, a softcap, ALiBi slopes or hooks. They launch
+    eagerly: under torch.compile the call is a graph break (`_eagerly`)."""
+    hooks = hooks or {}
     if torch.compiler.is_compiling():
         return _eagerly(_with_variants)(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_slopes,
-                                        return_lse)
+                                        return_lse, hooks)
     if out is not None:
-        raise ValueError("out: a call with window_size, softcap or alibi_slopes returns a new tensor; pass out=None")
-    if softcap == 0.0 and alibi_slopes is None:  # a window alone: on Hopper, chapter 7's kernels take it
+        raise ValueError("out: a call with window_size, softcap, alibi_slopes or a hook returns a new tensor; pass "
+                         "out=None")
+    if softcap == 0.0 and alibi_slopes is None and not any(hooks.values()):
+        # a window alone: on Hopper, chapter 7's kernels take it
         training = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
         scale = _checked_scale(q, k, v, causal, sm_scale, None, training)
         window_size = check_window_size(window_size)
@@ -288,7 +297,7 @@ def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_s
             o, lse = _HopperWindow.apply(q, k, v, bool(causal), scale, window_size)
             return (o, lse) if return_lse else o
     return flash_attn_variants(q, k, v, causal, sm_scale, window_size=window_size, softcap=softcap,
-                               alibi_slopes=alibi_slopes, return_lse=return_lse)
+                               alibi_slopes=alibi_slopes, return_lse=return_lse, **hooks)
 
 
 class _HopperWindow(torch.autograd.Function):

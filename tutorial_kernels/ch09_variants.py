@@ -101,6 +101,90 @@ def _with_attn_mask(s, mask_ptr, rows, cols, n_q, n_k, stride_mm, stride_mn, MAS
 # --8<-- [end:attn_mask]
 
 
+# --8<-- [start:hooks]
+@triton.jit
+def _modded_scores(qk, rows, cols, batch, head, n_q, n_k, sm_scale, left, right, HAS_LEFT: tl.constexpr,
+                   HAS_RIGHT: tl.constexpr, SCORE_MOD: tl.constexpr, SCORE_GRAD: tl.constexpr):
+    """A score_mod's scores in log₂ units, −∞ outside the window and the sequence, and dS_mod/dS: the
+    hook is any @triton.jit function of (score, batch, head, q_idx, kv_idx), its derivative another."""
+    x = qk * sm_scale  # τ Q Kᵀ, natural units, as the hook expects
+    q_idx, kv_idx = rows[:, None], cols[None, :]
+    y = SCORE_MOD(x, batch, head, q_idx, kv_idx)
+    if SCORE_GRAD is None:
+        slope_of_mod = 1.0  # the forward needs none; the backward refuses a hook without it
+    else:
+        slope_of_mod = SCORE_GRAD(x, batch, head, q_idx, kv_idx)
+    distance = kv_idx - (q_idx + (n_k - n_q))
+    seen = (q_idx < n_q) & (kv_idx < n_k)
+    if HAS_LEFT:
+        seen = seen & (distance >= -left)
+    if HAS_RIGHT:
+        seen = seen & (distance <= right)
+    return tl.where(seen, y * 1.4426950408889634, float("-inf")), slope_of_mod
+# --8<-- [end:hooks]
+
+
+# --8<-- [start:hook_examples]
+@triton.jit
+def gemma2_softcap(score, batch, head, q_idx, kv_idx):
+    """Gemma 2's attention softcap as a score_mod: 50 · tanh(score / 50)."""
+    return 50.0 * _tanh(score / 50.0)
+
+
+@triton.jit
+def gemma2_softcap_grad(score, batch, head, q_idx, kv_idx):
+    """Its derivative in score: 1 − tanh²(score / 50)."""
+    t = _tanh(score / 50.0)
+    return 1.0 - t * t
+
+
+@triton.jit
+def prefix_lm_mask(batch, head, q_idx, kv_idx):
+    """A prefix-LM mask_mod: the first 64 tokens (the prefix) see each other both ways, the rest causally."""
+    return (kv_idx <= q_idx) | (kv_idx < 64)
+
+
+@triton.jit
+def documents_of_64_mask(batch, head, q_idx, kv_idx):
+    """A mask_mod for documents of 64 tokens packed end to end: causal within a document, nothing across."""
+    return (kv_idx <= q_idx) & (q_idx // 64 == kv_idx // 64)
+# --8<-- [end:hook_examples]
+
+
+@triton.jit
+def _tile_scores(qk, rows, cols, batch, head, n_q, n_k, sm_scale, softcap, slope, left, right, mask_head,
+                 stride_mm, stride_mn, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
+                 HAS_RIGHT: tl.constexpr, MASK_KIND: tl.constexpr, SCORE_MOD: tl.constexpr,
+                 SCORE_GRAD: tl.constexpr, MASK_MOD: tl.constexpr):
+    """A tile's scores in log₂ units and their factor in the backward: the variants' (`_variant_scores`) or
+    a score_mod's (`_modded_scores`), then PyTorch's attn_mask (MASK_KIND 1, 2) or a mask_mod (3)."""
+    if SCORE_MOD is None:
+        s, slope_of_mod = _variant_scores(qk, rows, cols, n_q, n_k, sm_scale, softcap, slope, left, right,
+                                          SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
+    else:
+        s, slope_of_mod = _modded_scores(qk, rows, cols, batch, head, n_q, n_k, sm_scale, left, right, HAS_LEFT,
+                                         HAS_RIGHT, SCORE_MOD, SCORE_GRAD)
+    if MASK_KIND == 3:
+        s = tl.where(MASK_MOD(batch, head, rows[:, None], cols[None, :]), s, float("-inf"))
+    else:
+        s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+    return s, slope_of_mod
+
+
+@triton.jit
+def _mask_mod_tiles_kernel(live_ptr, n_heads, n_q, n_k, MASK_MOD: tl.constexpr, BLOCK_M: tl.constexpr,
+                           BLOCK_N: tl.constexpr):
+    """live[b, h, i, j] = whether mask_mod keeps a pair of tile (i, j): one program per tile, evaluated once
+    per mask and shape (the block mask), so that the attention kernels skip the tiles it hides whole."""
+    pid_bh, tile_m, tile_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside = (rows[:, None] < n_q) & (cols[None, :] < n_k)
+    kept = MASK_MOD(pid_bh // n_heads, pid_bh % n_heads, rows[:, None], cols[None, :]) & inside
+    tl.store(live_ptr + (pid_bh * tl.num_programs(1) + tile_m) * tl.num_programs(2) + tile_n,
+             tl.max(tl.max(kept.to(tl.int32), axis=1), axis=0).to(tl.uint8))
+
+
 # --8<-- [start:ranges]
 @triton.jit
 def _key_range(start_m, n_q, n_k, left, right, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
@@ -142,7 +226,8 @@ def _variants_fwd_kernel(
     n_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
     VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0, SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
 ):
     """Chapter 5's minimal kernel with the variants: one program per query tile of one (sequence, head),
     over the key tiles of its band only; writes O and the rows' log-sum-exp (natural units)."""
@@ -178,9 +263,9 @@ def _variants_fwd_kernel(
             cols = start_n + offs_n
             k_t = tl.load(k_head + cols[None, :] * stride_kn + offs_d[:, None] * stride_kd,
                           mask=(cols[None, :] < n_k) & d_ok[:, None], other=0.0)
-            s, _ = _variant_scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), rows, cols, n_q, n_k, sm_scale,
-                                   softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
-            s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+            s, _ = _tile_scores(tl.dot(q, k_t, input_precision=DOT_PRECISION), rows, cols, batch, head, n_q, n_k,
+                                sm_scale, softcap, slope, left, right, mask_head, stride_mm, stride_mn, SOFTCAP, ALIBI,
+                                HAS_LEFT, HAS_RIGHT, MASK_KIND, SCORE_MOD, SCORE_GRAD, MASK_MOD)
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
             shift = tl.where(m_new == float("-inf"), 0.0, m_new)
             p = tl.math.exp2(s - shift[:, None])
@@ -215,7 +300,8 @@ def _variants_dkdv_kernel(
     n_kv_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
     VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0, SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
 ):
     """Chapter 6's dK/dV kernel with the variants: one program per key tile of one (sequence, KV head),
     over the query tiles of every head of its group that may see it. P is recomputed from the forward's
@@ -260,10 +346,10 @@ def _variants_dkdv_kernel(
                 lse = tl.load(lse_ptr + row_at, mask=row_ok, other=0.0) * 1.4426950408889634  # log₂ units
                 lse = tl.where(lse == float("-inf"), 0.0, lse)  # a row that sees nothing: its P is 0 anyway
                 delta = tl.load(delta_ptr + row_at, mask=row_ok, other=0.0)
-                s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q,
-                                         n_k, sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT,
-                                         HAS_RIGHT)
-                s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+                s, cap = _tile_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, batch,
+                                      head, n_q, n_k, sm_scale, softcap, slope, left, right, mask_head, stride_mm,
+                                      stride_mn, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT, MASK_KIND, SCORE_MOD,
+                                      SCORE_GRAD, MASK_MOD)
                 p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))  # P = e^{S − lse} ≤ 1, as in exact arithmetic
                 dv += tl.dot(tl.trans(p.to(do.dtype)), do, input_precision=DOT_PRECISION)  # dV += Pᵀ dO
                 dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)  # dP = dO Vᵀ
@@ -288,7 +374,8 @@ def _variants_dq_kernel(
     n_heads, group_size, n_q_dense, n_k_dense, head_dim, sm_scale, softcap, left, right,
     VARLEN: tl.constexpr, SOFTCAP: tl.constexpr, ALIBI: tl.constexpr, HAS_LEFT: tl.constexpr,
     HAS_RIGHT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0,
+    DOT_PRECISION: tl.constexpr, MASK_KIND: tl.constexpr = 0, SCORE_MOD: tl.constexpr = None,
+    SCORE_GRAD: tl.constexpr = None, MASK_MOD: tl.constexpr = None,
 ):
     """dQ = τ Σ_j dS K_j over the key tiles of the band: one program per query tile of one (sequence, head)."""
     pid_bh = tl.program_id(0).to(tl.int64)  # (sequence, head) on the x axis: any number of them
@@ -330,9 +417,9 @@ def _variants_dq_kernel(
             kv_mask = (cols[:, None] < n_k) & d_ok[None, :]
             k = tl.load(k_head + cols[:, None] * stride_kn + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)
             v = tl.load(v_head + cols[:, None] * stride_vn + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)
-            s, cap = _variant_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, n_q, n_k,
-                                     sm_scale, softcap, slope, left, right, SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT)
-            s = _with_attn_mask(s, mask_head, rows, cols, n_q, n_k, stride_mm, stride_mn, MASK_KIND)
+            s, cap = _tile_scores(tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), rows, cols, batch, head,
+                                  n_q, n_k, sm_scale, softcap, slope, left, right, mask_head, stride_mm, stride_mn,
+                                  SOFTCAP, ALIBI, HAS_LEFT, HAS_RIGHT, MASK_KIND, SCORE_MOD, SCORE_GRAD, MASK_MOD)
             p = tl.math.exp2(tl.minimum(s - lse[:, None], 0.0))
             dp = tl.dot(do, tl.trans(v), input_precision=DOT_PRECISION)
             ds = p * (dp - delta[:, None]) * cap
@@ -385,7 +472,7 @@ class _Problem:
     cu_seqlens), and the variants' arguments as the kernels take them."""
 
     def __init__(self, q, k, v, cu_q, cu_k, batch, n_q, n_k, sm_scale, causal, window_size, softcap, alibi_slopes,
-                 attn_mask=None):
+                 attn_mask=None, score_mod=None, score_mod_grad=None, mask_mod=None):
         self.varlen = cu_q is not None
         self.batch, self.n_q, self.n_k = batch, n_q, n_k
         self.heads, self.kv_heads, self.head_dim = q.shape[1], k.shape[1], q.shape[-1]  # (tokens, H, d) or (B, H, N, d)
@@ -409,10 +496,18 @@ class _Problem:
         self.mask = attn_mask
         self.mask_kind = 0 if attn_mask is None else (2 if attn_mask.dtype == torch.bool else 1)
         self.dummy = dummy
+        self.score_mod, self.score_mod_grad, self.mask_mod = score_mod, score_mod_grad, mask_mod
+        if mask_mod is not None:
+            self.mask_kind = 3
+        self.hooks = dict(MASK_KIND=self.mask_kind, SCORE_MOD=score_mod, SCORE_GRAD=score_mod_grad, MASK_MOD=mask_mod)
 
     def mask_args(self, block_m: int, block_n: int) -> tuple[tuple, tuple]:
         """The kernels' attn_mask arguments for tiles of block_m × block_n, as (pointers, strides): the mask
         and which tiles have a pair it keeps (computed here, once per launch); placeholders without a mask."""
+        if self.mask_mod is not None:
+            live = _mask_mod_tiles(self.mask_mod, self.batch, self.heads, self.n_q, self.n_k, block_m, block_n,
+                                   self.dummy.device)
+            return (self.dummy, live), (0, 0, 0, 0, *live.stride())
         if self.mask is None:
             return (self.dummy, self.dummy), (0,) * 8
         mask = self.mask.view(torch.uint8) if self.mask_kind == 2 else self.mask
@@ -451,6 +546,27 @@ def _live_tiles(keeps: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor
     return tiles.expand(b, h, *tiles.shape[2:])
 
 
+_BLOCK_MASKS: dict = {}  # (mask_mod, B, H, n_q, n_k, tiles, device) → its live-tile table, computed once
+MAX_BLOCK_MASKS = 64
+
+
+def _mask_mod_tiles(mask_mod, batch: int, heads: int, n_q: int, n_k: int, block_m: int, block_n: int,
+                    device: torch.device) -> torch.Tensor:
+    """(B, H, T_r, T_c) uint8: which tiles of block_m × block_n mask_mod keeps a pair of (the block mask),
+    computed by `_mask_mod_tiles_kernel` once per mask and shape and remembered."""
+    key = (mask_mod, batch, heads, n_q, n_k, block_m, block_n, device)
+    if key not in _BLOCK_MASKS:
+        if len(_BLOCK_MASKS) >= MAX_BLOCK_MASKS:
+            _BLOCK_MASKS.clear()
+        live = torch.empty(batch, heads, triton.cdiv(n_q, block_m), triton.cdiv(n_k, block_n), dtype=torch.uint8,
+                           device=device)
+        if live.numel():
+            _mask_mod_tiles_kernel[(batch * heads, live.shape[2], live.shape[3])](
+                live, heads, n_q, n_k, MASK_MOD=mask_mod, BLOCK_M=block_m, BLOCK_N=block_n)
+        _BLOCK_MASKS[key] = live
+    return _BLOCK_MASKS[key]
+
+
 def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
     # a packed batch's rows start as 0 and −∞: what a max_seqlen too small for some sequence (not
     # checked on the GPU, where reading cu_seqlens would wait for it) leaves, never uninitialised memory
@@ -466,11 +582,15 @@ def _forward(p: _Problem, q, k, v) -> tuple[torch.Tensor, torch.Tensor]:
     _variants_fwd_kernel[grid](
         q, k, v, out, lse, p.cu_q, p.cu_k, p.slopes, *masks, *p.strides(q), *p.strides(k), *p.strides(v),
         *p.strides(out), *p.row_strides(lse), *p.slope_strides, *mask_strides, *p.scalars(p.heads), **p.flags,
-        MASK_KIND=p.mask_kind, **tiles)
+        **p.hooks, **tiles)
     return out, lse
 
 
 def _backward(p: _Problem, q, k, v, out, lse, do) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    if p.score_mod is not None and p.score_mod_grad is None:
+        raise RuntimeError(f"score_mod: the gradient through {getattr(p.score_mod, '__name__', 'the score_mod')} "
+                           "needs its derivative; pass score_mod_grad=, a @triton.jit function of (score, batch, "
+                           "head, q_idx, kv_idx) returning d score_mod / d score")
     do = do.contiguous()
     # Δ_i = Σ_d O_id dO_id (chapter 6), laid out as lse is
     delta = (out.float() * do.float()).sum(-1)
@@ -484,11 +604,11 @@ def _backward(p: _Problem, q, k, v, out, lse, do) -> tuple[torch.Tensor, torch.T
     grid = (p.batch * p.kv_heads, triton.cdiv(max(p.n_k, 1), tiles["BLOCK_N"]))
     _variants_dkdv_kernel[grid](
         q, k, v, do, lse, delta, dk, dv, p.cu_q, p.cu_k, p.slopes, *masks, *p.strides(q), *p.strides(k), *p.strides(v),
-        *p.strides(do), *p.strides(dk), *common, *p.scalars(p.kv_heads), **p.flags, MASK_KIND=p.mask_kind, **tiles)
+        *p.strides(do), *p.strides(dk), *common, *p.scalars(p.kv_heads), **p.flags, **p.hooks, **tiles)
     grid = (p.batch * p.heads, triton.cdiv(max(p.n_q, 1), tiles["BLOCK_M"]))
     _variants_dq_kernel[grid](
         q, k, v, do, lse, delta, dq, p.cu_q, p.cu_k, p.slopes, *masks, *p.strides(q), *p.strides(k), *p.strides(v),
-        *p.strides(do), *p.strides(dq), *common, *p.scalars(p.heads), **p.flags, MASK_KIND=p.mask_kind, **tiles)
+        *p.strides(do), *p.strides(dq), *common, *p.scalars(p.heads), **p.flags, **p.hooks, **tiles)
     return dq, dk, dv
 
 
@@ -556,11 +676,29 @@ def _checked_mask(attn_mask, q: torch.Tensor, n_k: int) -> torch.Tensor:
                          f"(batch, heads, L, S) = {want}") from None
 
 
+def _check_hooks(score_mod, score_mod_grad, mask_mod, softcap, alibi_slopes, attn_mask) -> None:
+    """TypeError / ValueError naming the hook that is not a @triton.jit function or clashes with an argument."""
+    for name, fn in (("score_mod", score_mod), ("score_mod_grad", score_mod_grad), ("mask_mod", mask_mod)):
+        if fn is not None and not isinstance(fn, triton.runtime.KernelInterface):
+            raise TypeError(f"{name} must be a @triton.jit function, got {type(fn).__name__}")
+        if fn is not None and interpreter_active() and type(fn).__name__ != "InterpretedFunction":
+            raise TypeError(f"{name} was compiled for a GPU, but the kernels run in Triton's interpreter here: "
+                            "import tutorial_kernels before decorating it (it switches the interpreter on)")
+    if score_mod_grad is not None and score_mod is None:
+        raise ValueError("score_mod_grad: the derivative of a score_mod, given without score_mod")
+    if score_mod is not None and (softcap > 0 or alibi_slopes is not None):
+        raise ValueError("score_mod: with softcap or alibi_slopes as well, write them into the score_mod (chapter 9 "
+                         "shows both as hooks)")
+    if mask_mod is not None and attn_mask is not None:
+        raise ValueError("mask_mod: pass either attn_mask or mask_mod, not both")
+
+
 # --8<-- [start:call]
 def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                         sm_scale: float | None = None, *, window_size: tuple[int, int] = (-1, -1),
                         softcap: float = 0.0, alibi_slopes: torch.Tensor | None = None,
-                        return_lse: bool = False, attn_mask: torch.Tensor | None = None):
+                        return_lse: bool = False, attn_mask: torch.Tensor | None = None, score_mod=None,
+                        score_mod_grad=None, mask_mod=None):
     """softmax(S) V with chapter 9's variants (module docstring), differentiable.
 
     q: (B, H, n_q, d); k, v: (B, H_kv, n_k, d), H_kv dividing H; 16 ≤ d ≤ 256; float16, bfloat16 or
@@ -568,14 +706,19 @@ def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     bound (causal: right = 0); softcap: c > 0 caps the scores at c · tanh(S / c); alibi_slopes: float32
     (H,) or (B, H); attn_mask: PyTorch's SDPA mask, broadcastable to (B, H, n_q, n_k), boolean (False
     hides a pair) or float (added to the scores), no gradient; the tiles it hides whole are skipped.
-    Returns O (B, H, n_q, d), and with return_lse the rows' log-sum-exp (B, H, n_q) float32 (−∞ for a
-    row that sees no key). Raises TypeError / ValueError naming the argument."""
+    Hooks, @triton.jit functions as FlexAttention's: score_mod(score, batch, head, q_idx, kv_idx) → the
+    score used (from τ q·k, natural units), score_mod_grad its derivative in score (needed for gradients:
+    without it the backward raises RuntimeError); mask_mod(batch, head, q_idx, kv_idx) → keep, its whole
+    tiles skipped by a block mask computed once per mask and shape. Returns O (B, H, n_q, d), and with
+    return_lse the rows' log-sum-exp (B, H, n_q) float32 (−∞ for a row that sees no key). Raises
+    TypeError / ValueError naming the argument."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=256, allow_gqa=True, allow_empty=True)
     _check_variants(shape.heads, shape.batch, q.device, window_size, softcap, alibi_slopes)
     _check_grid(shape.n_q, shape.n_k, shape.head_dim, q.dtype)
+    _check_hooks(score_mod, score_mod_grad, mask_mod, softcap, alibi_slopes, attn_mask)
     mask = None if attn_mask is None else _checked_mask(attn_mask, q, shape.n_k)
     problem = _Problem(q, k, v, None, None, shape.batch, shape.n_q, shape.n_k, shape.sm_scale, bool(causal),
-                       tuple(window_size), float(softcap), alibi_slopes, mask)
+                       tuple(window_size), float(softcap), alibi_slopes, mask, score_mod, score_mod_grad, mask_mod)
     out, lse = _VariantAttention.apply(q, k, v, problem)
     return (out, lse) if return_lse else out
 # --8<-- [end:call]
@@ -647,4 +790,5 @@ def flash_attn_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seql
     return (out, lse) if return_lse else out
 
 
-__all__ = ["flash_attn_variants", "flash_attn_variants_backward", "flash_attn_varlen", "band", "key_range"]
+__all__ = ["flash_attn_variants", "flash_attn_variants_backward", "flash_attn_varlen", "band", "key_range",
+           "gemma2_softcap", "gemma2_softcap_grad", "prefix_lm_mask", "documents_of_64_mask"]

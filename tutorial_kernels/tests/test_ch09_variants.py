@@ -413,3 +413,147 @@ def test_a_mask_that_hides_everything_gives_zeros_and_no_nan():
     out.sum().backward()
     assert torch.equal(out, torch.zeros_like(out)) and bool(torch.isinf(lse).all())
     assert all(torch.equal(t.grad, torch.zeros_like(t)) for t in (q, k, v))
+
+
+# --- hooks: FlexAttention's score_mod and mask_mod as @triton.jit functions ----------------------------------
+
+import triton  # noqa: E402  (after tutorial_kernels, which chooses the interpreter on a CPU)
+import triton.language as tl  # noqa: E402
+
+HOOK_HEADS = 4  # the ALiBi hook's slopes are 2^(−8(h + 1)/H) for this H
+
+
+@triton.jit
+def _cap_hook(score, batch, head, q_idx, kv_idx):
+    return 2.5 * (1.0 - 2.0 / (tl.math.exp2(score / 2.5 * 2.8853900817779268) + 1.0))  # 2.5 tanh(score / 2.5)
+
+
+@triton.jit
+def _cap_hook_grad(score, batch, head, q_idx, kv_idx):
+    t = 1.0 - 2.0 / (tl.math.exp2(score / 2.5 * 2.8853900817779268) + 1.0)
+    return 1.0 - t * t
+
+
+@triton.jit
+def _alibi_hook(score, batch, head, q_idx, kv_idx):
+    slope = tl.math.exp2(-8.0 * (head + 1).to(tl.float32) / 4.0)  # HOOK_HEADS
+    return score - slope * tl.abs(kv_idx - q_idx).to(tl.float32)
+
+
+@triton.jit
+def _alibi_hook_grad(score, batch, head, q_idx, kv_idx):
+    return score * 0.0 + 1.0  # a bias: d(score + b)/d score = 1
+
+
+@triton.jit
+def _window_mask(batch, head, q_idx, kv_idx):
+    return (kv_idx <= q_idx) & (kv_idx >= q_idx - 6)  # a causal window of 7 keys
+
+
+@triton.jit
+def _documents_mask(batch, head, q_idx, kv_idx):
+    return ((q_idx // 20) == (kv_idx // 20)) & (kv_idx <= q_idx)  # documents of 20 tokens, causal within each
+
+
+@pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d)[6:])
+@pytest.mark.parametrize("name", ["softcap-hook", "alibi-hook", "window-mask-mod", "documents-mask-mod"])
+def test_hooks_match_the_variants_they_write(name, dtype):
+    """Softcap and ALiBi written as score_mods, a window and packed documents as mask_mods: the same outputs
+    and gradients as the float64 reference of the variant each writes, with the peers' rule."""
+    seed = fresh_seed()
+    batch, heads, kv_heads, n, d = 2, HOOK_HEADS, 2, 53, 32
+    q = _draw((batch, heads, n, d), dtype, seed)
+    k, v = (_draw((batch, kv_heads, n, d), dtype, seed + i) for i in (1, 2))
+    do = _draw((batch, heads, n, d), dtype, seed + 3)
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    hooks, reference = {
+        "softcap-hook": (dict(score_mod=_cap_hook, score_mod_grad=_cap_hook_grad), dict(softcap=2.5)),
+        "alibi-hook": (dict(score_mod=_alibi_hook, score_mod_grad=_alibi_hook_grad),
+                       dict(alibi_slopes=torch.tensor([2.0 ** (-8 * (h + 1) / heads) for h in range(heads)]))),
+        "window-mask-mod": (dict(mask_mod=_window_mask), dict(window_size=(6, 0), causal=True)),
+        "documents-mask-mod": (dict(mask_mod=_documents_mask),
+                               dict(attn_mask=((i // 20 == j // 20) & (j <= i)).to(default_device()))),
+    }[name]
+    if "alibi_slopes" in reference:
+        reference["alibi_slopes"] = reference["alibi_slopes"].to(default_device())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_variants(*leaves, **hooks)
+    out.backward(do)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, _ = reference_variant_attention(*leaves64, **reference)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, **reference)
+    base.backward(do)
+    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
+           [t.grad for t in leaves_b], seed, name)
+
+
+def test_a_mask_mods_block_mask_marks_the_tiles_it_keeps_and_is_computed_once():
+    from tutorial_kernels.ch09_variants import _BLOCK_MASKS, _mask_mod_tiles
+
+    _BLOCK_MASKS.clear()
+    live = _mask_mod_tiles(_documents_mask, 1, 2, 70, 70, 16, 16, default_device())
+    i, j = torch.arange(70)[:, None], torch.arange(70)[None, :]
+    keeps = (i // 20 == j // 20) & (j <= i)
+    for a in range(5):
+        for b in range(5):
+            assert bool(live[0, 1, a, b]) == bool(keeps[16 * a:16 * a + 16, 16 * b:16 * b + 16].any()), (a, b)
+    assert _mask_mod_tiles(_documents_mask, 1, 2, 70, 70, 16, 16, default_device()) is live  # remembered
+
+
+def test_the_hooks_are_checked_by_name_and_a_score_mod_without_its_derivative_refuses_the_backward():
+    q, k, v = (_draw((1, 2, 19, 16), torch.float32, i).requires_grad_() for i in range(3))
+    with pytest.raises(TypeError, match="score_mod must be a @triton.jit function, got function"):
+        flash_attn_variants(q, k, v, score_mod=lambda s, b, h, i, j: s)
+    with pytest.raises(ValueError, match="score_mod_grad: the derivative of a score_mod, given without score_mod"):
+        flash_attn_variants(q, k, v, score_mod_grad=_cap_hook_grad)
+    with pytest.raises(ValueError, match="score_mod: with softcap or alibi_slopes as well"):
+        flash_attn_variants(q, k, v, score_mod=_cap_hook, softcap=1.0)
+    with pytest.raises(ValueError, match="mask_mod: pass either attn_mask or mask_mod"):
+        flash_attn_variants(q, k, v, mask_mod=_window_mask, attn_mask=torch.ones(19, 19, dtype=torch.bool,
+                                                                                  device=q.device))
+    out = flash_attn_variants(q, k, v, score_mod=_cap_hook)  # the forward needs no derivative
+    with pytest.raises(RuntimeError, match="score_mod: the gradient through _cap_hook needs its derivative"):
+        out.sum().backward()
+
+
+def test_the_front_door_takes_the_hooks():
+    import tutorial_kernels
+
+    q, k, v = (_draw((1, 2, 19, 16), torch.float32, 7 + i) for i in range(3))
+    want = flash_attn_variants(q, k, v, score_mod=_cap_hook, mask_mod=_window_mask)
+    assert torch.equal(tutorial_kernels.flash_attention(q, k, v, score_mod=_cap_hook, mask_mod=_window_mask), want)
+
+
+@pytest.mark.parametrize("name", ["gemma2_softcap", "prefix_lm_mask", "documents_of_64_mask"])
+def test_the_chapters_example_hooks_are_their_variants(name):
+    """The hooks the chapter shows: Gemma 2's softcap (on scores large enough for the cap to bite), a prefix-LM
+    mask and packed documents, against the float64 reference of the same variant, forward and backward."""
+    from tutorial_kernels import ch09_variants
+
+    seed = fresh_seed()
+    n = 150
+    big = 12.0 if name == "gemma2_softcap" else 1.0  # scores of a few hundred: the cap bites
+    q, k, v, do = (_draw((1, 2, n, 32), torch.float32, seed + i, scale=big if i < 2 else 1.0) for i in range(4))
+    i, j = torch.arange(n)[:, None], torch.arange(n)[None, :]
+    hooks, reference = {
+        "gemma2_softcap": (dict(score_mod=ch09_variants.gemma2_softcap,
+                                score_mod_grad=ch09_variants.gemma2_softcap_grad), dict(softcap=50.0)),
+        "prefix_lm_mask": (dict(mask_mod=ch09_variants.prefix_lm_mask), dict(attn_mask=(j <= i) | (j < 64))),
+        "documents_of_64_mask": (dict(mask_mod=ch09_variants.documents_of_64_mask),
+                                 dict(attn_mask=(j <= i) & (i // 64 == j // 64))),
+    }[name]
+    if "attn_mask" in reference:
+        reference["attn_mask"] = reference["attn_mask"].to(default_device())
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = flash_attn_variants(*leaves, **hooks)
+    out.backward(do)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, _ = reference_variant_attention(*leaves64, **reference)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, **reference)
+    base.backward(do)
+    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
+           [t.grad for t in leaves_b], seed, name)
