@@ -109,20 +109,24 @@ def _choose(considered: list[tuple[str, str | None]], what: str) -> Choice:
     raise RuntimeError(f"attention_kernels: no allowed kernel runs this {what} ({reasons})")
 
 
+def _candidates(q: torch.Tensor, hopper_why) -> list[tuple[str, str | None]]:
+    """Every kernel with why it cannot run the call (None if it can); `hopper_why()` asked on a GPU only."""
+    if not q.is_cuda:
+        on_cpu = "needs a CUDA GPU, got the CPU"
+        return [("hopper", on_cpu), ("triton-tuned", on_cpu), ("triton-interpreter", None)]
+    return [("hopper", hopper_why()), ("triton-tuned", None), ("triton-interpreter", "runs on the CPU only")]
+
+
 def forward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,
                    out: torch.Tensor | None = None) -> Choice:
     """The forward kernel for these (validated) inputs, and why each other one does not run them. "none" for
     a call with no query or no key. The Hopper kernel writes `out` with its head dimension contiguous."""
     if _nothing_to_compute(q, k):
         return Choice("none", ())
-    if not q.is_cuda:
-        hopper = tuned = "needs a CUDA GPU, got the CPU"
-        interpreter = None
-    else:
-        hopper = (ch07_hopper.hopper_kernel_unavailable(q, k, v) or _hopper_not_preferred(q, k, causal, False)
-                  or (None if out is None or out.stride(3) == 1 else "writes out with its head dimension contiguous"))
-        tuned, interpreter = None, "runs on the CPU only"
-    return _choose([("hopper", hopper), ("triton-tuned", tuned), ("triton-interpreter", interpreter)], "forward")
+    return _choose(_candidates(q, lambda: (
+        ch07_hopper.hopper_kernel_unavailable(q, k, v) or _hopper_not_preferred(q, k, causal, False)
+        or (None if out is None or out.stride(3) == 1 else "writes out with its head dimension contiguous"))),
+        "forward")
 
 
 def backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor, causal: bool) -> Choice:
@@ -130,16 +134,11 @@ def backward_choice(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch
     `torch.use_deterministic_algorithms(True)` never "hopper": its dQ sums in no fixed order."""
     if _nothing_to_compute(q, k):
         return Choice("none", ())
-    if not q.is_cuda:
-        hopper = tuned = "needs a CUDA GPU, got the CPU"
-        interpreter = None
-    else:
-        hopper = ("sums dQ in no fixed order, and torch.use_deterministic_algorithms(True) is set"
-                  if torch.are_deterministic_algorithms_enabled() else
-                  ch07_hopper_backward.hopper_backward_unavailable(q, k, v, do)
-                  or _hopper_not_preferred(q, k, causal, True))
-        tuned, interpreter = None, "runs on the CPU only"
-    return _choose([("hopper", hopper), ("triton-tuned", tuned), ("triton-interpreter", interpreter)], "backward")
+    return _choose(_candidates(q, lambda: (
+        "sums dQ in no fixed order, and torch.use_deterministic_algorithms(True) is set"
+        if torch.are_deterministic_algorithms_enabled() else
+        ch07_hopper_backward.hopper_backward_unavailable(q, k, v, do) or _hopper_not_preferred(q, k, causal, True))),
+        "backward")
 
 
 def kernel_for(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, *,

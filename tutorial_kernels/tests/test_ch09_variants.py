@@ -53,6 +53,28 @@ def _check(out, grads, ref64, grads64, base, base_grads, seed, name):
         assert_within_peer_rule(g, g64, gb, factor=PEER_GRAD_FACTOR, seed=seed, what=f"{name} {what}")
 
 
+def _against_reference(call, reference: dict, q, k, v, do, seed: int, name: str, lse_atol: float = 1e-3) -> None:
+    """call(q, k, v) → O or (O, lse), differentiated with dO, against `reference_variant_attention(**reference)`
+    in float64 with the peers' rule (PyTorch's own error from `torch_variant_attention_same_dtype`); with an lse,
+    its rows without a key (−∞) and its values too."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    got = call(*leaves)
+    out, lse = got if isinstance(got, tuple) else (got, None)
+    out.backward(do)
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    ref64, lse64 = reference_variant_attention(*leaves64, **reference)
+    ref64.backward(do.double())
+    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
+    base = torch_variant_attention_same_dtype(*leaves_b, **reference)
+    base.backward(do)
+    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
+           [t.grad for t in leaves_b], seed, name)
+    if lse is not None:
+        hidden = torch.isinf(lse64)
+        assert torch.equal(torch.isinf(lse.cpu()), hidden.cpu()), f"{name}: rows without a key differ; seed={seed}"
+        assert torch.allclose(lse[~hidden].double(), lse64[~hidden], atol=lse_atol, rtol=1e-3), f"{name}: lse; {seed=}"
+
+
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d)[6:])
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variants_match_the_reference_forward_and_backward(name, dtype):
@@ -67,22 +89,8 @@ def test_variants_match_the_reference_forward_and_backward(name, dtype):
     do = _draw((batch, heads, n_q, d), dtype, seed + 3)
     slopes = _slopes(alibi, batch, heads, q.device)
     options["alibi_slopes"] = slopes
-
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out, lse = flash_attn_variants(*leaves, return_lse=True, **options)
-    out.backward(do)
-    grads = [t.grad for t in leaves]
-
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref64, lse64 = reference_variant_attention(*leaves64, **options)
-    ref64.backward(do.double())
-    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
-    base = torch_variant_attention_same_dtype(*leaves_b, **options)
-    base.backward(do)
-    _check(out, grads, ref64.detach(), [t.grad for t in leaves64], base.detach(), [t.grad for t in leaves_b], seed, name)
-    hidden = torch.isinf(lse64)
-    assert torch.equal(torch.isinf(lse.cpu()), hidden.cpu()), f"{name}: rows without a key differ; seed={seed}"
-    assert torch.allclose(lse[~hidden].double(), lse64[~hidden], atol=1e-3, rtol=1e-3), f"{name}: lse; seed={seed}"
+    _against_reference(lambda q, k, v: flash_attn_variants(q, k, v, return_lse=True, **options), options, q, k, v, do,
+                       seed, name)
 
 
 @pytest.mark.parametrize("dtype", KERNEL_DTYPES, ids=lambda d: str(d)[6:])
@@ -324,19 +332,11 @@ def test_the_front_door_runs_a_window_on_hopper_and_trains_through_it(head_dim, 
     seed = fresh_seed()
     q, k, v, do = _hopper_window_case(2100, 2100, head_dim, seed)
     assert attention.kernel_for(q, k, v, True) == "hopper"
-    options = dict(window_size=(700, 0), causal=True)
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out, lse = tutorial_kernels.flash_attention(*leaves, True, window_size=(700, 0), return_lse=True)
-    out.backward(do)
+    _against_reference(lambda q, k, v: tutorial_kernels.flash_attention(q, k, v, True, window_size=(700, 0),
+                                                                        return_lse=True),
+                       dict(window_size=(700, 0), causal=True), q, k, v, do, seed, f"front door d={head_dim}",
+                       lse_atol=1e-2)
     assert ran == ["hopper forward", "hopper backward" if head_dim == 128 else "chapter 9 backward"], ran
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref64, _ = reference_variant_attention(*leaves64, **options)
-    ref64.backward(do.double())
-    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
-    base = torch_variant_attention_same_dtype(*leaves_b, **options)
-    base.backward(do)
-    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
-           [t.grad for t in leaves_b], seed, f"front door d={head_dim}")
     capped = tutorial_kernels.flash_attention(q, k, v, True, window_size=(700, 0), softcap=30.0)
     assert torch.equal(capped, flash_attn_variants(q, k, v, True, window_size=(700, 0), softcap=30.0))
 
@@ -374,20 +374,8 @@ def test_attn_mask_matches_the_reference_forward_and_backward(kind, causal, dtyp
     do = _draw((batch, heads, n_q, d), dtype, seed + 3)
     mask = _attn_mask(kind, batch, heads, n_q, n_k, dtype, seed)
     full = mask.expand(batch, heads, n_q, n_k)
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out, lse = flash_attn_variants(*leaves, causal, return_lse=True, attn_mask=mask)
-    out.backward(do)
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref64, lse64 = reference_variant_attention(*leaves64, causal=causal, attn_mask=full)
-    ref64.backward(do.double())
-    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
-    base = torch_variant_attention_same_dtype(*leaves_b, causal=causal, attn_mask=full)
-    base.backward(do)
-    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
-           [t.grad for t in leaves_b], seed, f"attn_mask {kind}")
-    hidden = torch.isinf(lse64)
-    assert torch.equal(torch.isinf(lse.cpu()), hidden.cpu()), f"rows without a key differ; seed={seed}"
-    assert torch.allclose(lse[~hidden].double(), lse64[~hidden], atol=1e-3, rtol=1e-3), f"lse; seed={seed}"
+    _against_reference(lambda q, k, v: flash_attn_variants(q, k, v, causal, return_lse=True, attn_mask=mask),
+                       dict(causal=causal, attn_mask=full), q, k, v, do, seed, f"attn_mask {kind}")
 
 
 def test_the_live_tiles_are_the_tiles_holding_a_kept_pair():
@@ -476,17 +464,7 @@ def test_hooks_match_the_variants_they_write(name, dtype):
     }[name]
     if "alibi_slopes" in reference:
         reference["alibi_slopes"] = reference["alibi_slopes"].to(default_device())
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = flash_attn_variants(*leaves, **hooks)
-    out.backward(do)
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref64, _ = reference_variant_attention(*leaves64, **reference)
-    ref64.backward(do.double())
-    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
-    base = torch_variant_attention_same_dtype(*leaves_b, **reference)
-    base.backward(do)
-    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
-           [t.grad for t in leaves_b], seed, name)
+    _against_reference(lambda q, k, v: flash_attn_variants(q, k, v, **hooks), reference, q, k, v, do, seed, name)
 
 
 def test_a_mask_mods_block_mask_marks_the_tiles_it_keeps_and_is_computed_once():
@@ -546,14 +524,4 @@ def test_the_chapters_example_hooks_are_their_variants(name):
     }[name]
     if "attn_mask" in reference:
         reference["attn_mask"] = reference["attn_mask"].to(default_device())
-    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-    out = flash_attn_variants(*leaves, **hooks)
-    out.backward(do)
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    ref64, _ = reference_variant_attention(*leaves64, **reference)
-    ref64.backward(do.double())
-    leaves_b = [t.detach().requires_grad_() for t in (q, k, v)]
-    base = torch_variant_attention_same_dtype(*leaves_b, **reference)
-    base.backward(do)
-    _check(out, [t.grad for t in leaves], ref64.detach(), [t.grad for t in leaves64], base.detach(),
-           [t.grad for t in leaves_b], seed, name)
+    _against_reference(lambda q, k, v: flash_attn_variants(q, k, v, **hooks), reference, q, k, v, do, seed, name)
