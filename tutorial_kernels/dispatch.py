@@ -15,7 +15,7 @@ The kernels, in the order the front door prefers them where more than one can ru
 * "triton-interpreter": the same kernels in Triton's interpreter, on the CPU.
 
 A window alone follows the forward's choice ("hopper": chapter 7's kernels with its bounds; otherwise
-chapter 9's); softcap, ALiBi, masks, packed batches and decoding have one kernel family each and are not
+chapter 9's); softcap, ALiBi, masks, hooks, packed batches and decoding have one kernel family each and are not
 pinned. Pins apply to the calls made inside the block, eagerly or traced by torch.compile there; a
 backward keeps the pins its forward ran under.
 """
