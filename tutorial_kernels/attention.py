@@ -19,9 +19,10 @@ Which kernel runs (`dispatch.kernel_for`, `dispatch.backward_kernel_for`; `dispa
 * a call with a sliding window alone, where chapter 7's forward would run the call without it:
   chapter 7's kernels with the window's bounds (the key tiles outside it never loaded), the
   backward as above, chapter 9's where the Hopper backward does not run;
-* a call with a softcap or ALiBi slopes, other windows, and `flash_attention_varlen`'s packed
-  batches: chapter 9's kernels, forward and backward (one readable configuration, not tuned);
-  every call with a variant runs eagerly (under torch.compile the graph breaks around it).
+* a call with a softcap, ALiBi slopes, a hook (score_mod, mask_mod), the SDPA call's attn_mask, other
+  windows, and `flash_attention_varlen`'s packed batches: chapter 9's kernels, forward and backward
+  (one readable configuration, not tuned); every call with a variant runs eagerly (under
+  torch.compile the graph breaks around it).
 
 Both calls are `torch.library` custom operators (`tutorial_kernels::attention_into`, `::attention_fwd`,
 `::attention_bwd`) with fake implementations for shapes and an autograd formula, so that
