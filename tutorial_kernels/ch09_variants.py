@@ -511,8 +511,7 @@ class _Problem:
         if self.mask is None:
             return (self.dummy, self.dummy), (0,) * 8
         mask = self.mask.view(torch.uint8) if self.mask_kind == 2 else self.mask
-        keeps = self.mask if self.mask_kind == 2 else self.mask != float("-inf")
-        live = _live_tiles(keeps, block_m, block_n).view(torch.uint8)
+        live = _live_tiles(self.mask, block_m, block_n).view(torch.uint8)
         return (mask, live), (*mask.stride(), *live.stride())
 
     def strides(self, t: torch.Tensor) -> tuple[int, int, int, int]:
@@ -534,16 +533,20 @@ class _Problem:
                 self.softcap, self.left, self.right)
 
 
-def _live_tiles(keeps: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
-    """(B', H', T_r, T_c) bool: whether tile (i, j) of `keeps` (B', H', n_q, n_k, any strides; B' and H' 1 where
-    broadcast) holds a True; rows and columns past the end count as False."""
-    b, h, n_q, n_k = keeps.shape
-    lead = [1 if st == 0 else size for size, st in zip((b, h), keeps.stride()[:2])]  # a broadcast stays one
-    keeps = keeps[: lead[0], : lead[1]]
-    rows, cols = triton.cdiv(n_q, block_m) * block_m, triton.cdiv(n_k, block_n) * block_n
-    padded = torch.nn.functional.pad(keeps.to(torch.uint8), (0, cols - n_k, 0, rows - n_q))
-    tiles = padded.view(*lead, rows // block_m, block_m, cols // block_n, block_n).amax(dim=(3, 5)) != 0
-    return tiles.expand(b, h, *tiles.shape[2:])
+def _live_tiles(mask: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
+    """(B, H, T_r, T_c) bool: whether tile (i, j) of attn_mask `mask` (B, H, n_q, n_k, any strides) keeps a pair
+    (True, or a float other than −∞); rows and columns past the end count as hidden. A broadcast batch, head or
+    query dimension (stride 0) is read once and stays a broadcast: a padding mask (B, 1, 1, n_k) costs n_k per
+    sequence, not n_q · n_k per head."""
+    b, h, n_q, n_k = mask.shape
+    once = [1 if st == 0 else size for size, st in zip((b, h, n_q), mask.stride()[:3])]
+    mask = mask[: once[0], : once[1], : once[2]]
+    keeps = (mask if mask.dtype == torch.bool else mask != float("-inf")).to(torch.uint8)
+    rows = triton.cdiv(once[2], block_m) * block_m
+    cols = triton.cdiv(n_k, block_n) * block_n
+    padded = torch.nn.functional.pad(keeps, (0, cols - n_k, 0, rows - once[2]))
+    tiles = padded.view(*once[:2], rows // block_m, block_m, cols // block_n, block_n).amax(dim=(3, 5)) != 0
+    return tiles.expand(b, h, triton.cdiv(n_q, block_m), cols // block_n)  # one row of tiles serves them all
 
 
 _BLOCK_MASKS: dict = {}  # (mask_mod, B, H, n_q, n_k, tiles, device) → its live-tile table, computed once

@@ -391,6 +391,13 @@ def test_the_live_tiles_are_the_tiles_holding_a_kept_pair():
         for i in range(3):
             for j in range(2):
                 assert bool(live[1, h, i, j]) == bool(keeps[0, h, 16 * i:16 * i + 16, 32 * j:32 * j + 32].any())
+    # a float padding-style mask broadcast over the batch and the queries: read once, its table a broadcast too
+    bias = torch.zeros(1, 3, 1, 50).masked_fill(torch.rand(1, 3, 1, 50, generator=g) < 0.9, -math.inf)
+    live = _live_tiles(bias.expand(2, 3, 37, 50), 16, 32)
+    assert live.shape == (2, 3, 3, 2) and live.stride(0) == live.stride(2) == 0
+    for h in range(3):
+        for j in range(2):
+            assert bool(live[0, h, 2, j]) == bool((bias[0, h, 0, 32 * j:32 * j + 32] > -math.inf).any())
 
 
 def test_a_mask_that_hides_everything_gives_zeros_and_no_nan():
