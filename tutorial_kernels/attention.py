@@ -203,7 +203,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     out: a (B, H, n_q, d) tensor to write into (any dense layout); not with autograd, as in PyTorch.
     window_size, softcap, alibi_slopes: chapter 9's variants, flash-attn's arguments (a sliding window
     (left, right) around the bottom-right diagonal, −1 for no bound; c · tanh(S / c); ALiBi's per-head
-    slopes, float32 (H,) or (B, H)); a call with any of them runs chapter 9's kernels, not with `out`.
+    slopes, float32 (H,) or (B, H)); a call with any of them runs chapter 9's kernels (a window alone, on
+    Hopper, chapter 7's where they would run the plain call), not with `out`.
     return_lse: also return each row's log Σ_j e^{S_ij}, (B, H, n_q) float32 (−∞ for a query that sees no
     key), flash-attn's `softmax_lse`; no gradient flows through it.
     score_mod, score_mod_grad, mask_mod: FlexAttention's hooks as @triton.jit functions (chapter 9,

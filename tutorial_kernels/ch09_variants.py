@@ -176,7 +176,7 @@ def _mask_mod_tiles_kernel(live_ptr, n_heads, n_q, n_k, MASK_MOD: tl.constexpr, 
                            BLOCK_N: tl.constexpr):
     """live[b, h, i, j] = whether mask_mod keeps a pair of tile (i, j): one program per tile, evaluated once
     per mask and shape (the block mask), so that the attention kernels skip the tiles it hides whole."""
-    pid_bh, tile_m, tile_n = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    pid_bh, tile_m, tile_n = tl.program_id(0).to(tl.int64), tl.program_id(1), tl.program_id(2)  # B·H·T_r·T_c may pass 2³¹
     rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
     inside = (rows[:, None] < n_q) & (cols[None, :] < n_k)
@@ -708,7 +708,9 @@ def flash_attn_variants(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causa
     float32; any strides. window_size: (left, right) keys around the bottom-right diagonal, −1 for no
     bound (causal: right = 0); softcap: c > 0 caps the scores at c · tanh(S / c); alibi_slopes: float32
     (H,) or (B, H); attn_mask: PyTorch's SDPA mask, broadcastable to (B, H, n_q, n_k), boolean (False
-    hides a pair) or float (added to the scores), no gradient; the tiles it hides whole are skipped.
+    hides a pair) or float (added to the scores), no gradient; the tiles it hides whole are skipped. A
+    float entry near float32's lowest (transformers' padding value) overflows to −∞ in the kernel's base-2
+    units and hides its pair: a row hidden entirely gets 0, where PyTorch's own softmax averages V.
     Hooks, @triton.jit functions as FlexAttention's: score_mod(score, batch, head, q_idx, kv_idx) → the
     score used (from τ q·k, natural units), score_mod_grad its derivative in score (needed for gradients:
     without it the backward raises RuntimeError); mask_mod(batch, head, q_idx, kv_idx) → keep, its whole
@@ -740,6 +742,12 @@ def flash_attn_variants_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Ten
         if not isinstance(t, torch.Tensor) or t.shape != want:
             raise ValueError(f"{name} must be a tensor of shape {tuple(want)}, got "
                              f"{tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}")
+    if do.dtype != q.dtype or o.dtype != q.dtype or lse.dtype != torch.float32:
+        raise ValueError(f"do and o must have q's dtype {q.dtype} and lse float32, got {do.dtype}, {o.dtype}, "
+                         f"{lse.dtype}")
+    if not (do.device == o.device == lse.device == q.device):
+        raise ValueError(f"do, o and lse must be on q's device {q.device}, got {do.device}, {o.device}, {lse.device}")
+    _check_grid(shape.n_q, shape.n_k, shape.head_dim, q.dtype)
     problem = _Problem(q, k, v, None, None, shape.batch, shape.n_q, shape.n_k, shape.sm_scale, bool(causal),
                        tuple(window_size), float(softcap), alibi_slopes)
     return _backward(problem, q, k, v, o, lse, do)

@@ -536,3 +536,17 @@ def test_the_chapters_example_hooks_are_their_variants(name):
     if "attn_mask" in reference:
         reference["attn_mask"] = reference["attn_mask"].to(default_device())
     _against_reference(lambda q, k, v: flash_attn_variants(q, k, v, **hooks), reference, q, k, v, do, seed, name)
+
+
+def test_the_backward_alone_refuses_a_forward_result_it_cannot_use():
+    """`flash_attn_variants_backward` (the fallback after chapter 7's windowed forward) names what is wrong."""
+    from tutorial_kernels.ch09_variants import flash_attn_variants_backward
+
+    q, k, v = (_draw((1, 2, 19, 16), torch.float32, i) for i in range(3))
+    out, lse = flash_attn_variants(q, k, v, True, window_size=(4, 0), return_lse=True)
+    with pytest.raises(ValueError, match="lse float32, got torch.float32, torch.float32, torch.float64"):
+        flash_attn_variants_backward(q, q, k, v, out, lse.double(), True, window_size=(4, 0))
+    with pytest.raises(ValueError, match="lse must be a tensor of shape"):
+        flash_attn_variants_backward(q, q, k, v, out, lse[..., :3], True, window_size=(4, 0))
+    grads = flash_attn_variants_backward(q, q, k, v, out, lse, True, window_size=(4, 0))
+    assert all(torch.isfinite(g).all() for g in grads)
