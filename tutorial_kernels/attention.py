@@ -46,7 +46,8 @@ import math
 import torch
 
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
-from tutorial_kernels.dispatch import allowed_kernels, backward_kernel_for, kernel_for, pinned
+from tutorial_kernels.dispatch import (allowed_kernels, backward_kernel_for, kernel_for, pinned, pins_as_text,
+                                       pins_from_text)
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
 from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key, relaunch_kvcache, run_kvcache
@@ -85,13 +86,21 @@ def _run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tens
     _launch(kernel_for(q, k, v, causal, out=out), q, k, v, out, causal, sm_scale)
 
 
-# The same body as an operator torch.compile can trace. Eager calls skip the operator: its dispatch
+# The same bodies as operators torch.compile can trace. Eager calls skip the operators: their dispatch
 # costs tens of microseconds of CPU time per call, more than the launch it wraps at short lengths.
-_attention_into = torch.library.custom_op("tutorial_kernels::attention_into", _run_into, mutates_args=("out",))
+# An operator takes the pins of the block it was traced in (`pins_as_text`) as an argument: a compiled
+# graph runs, and its backward runs, long after that block has ended.
+def _pinned_run_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, causal: bool,
+                     sm_scale: float, pins: str) -> None:
+    with pinned(pins_from_text(pins)):
+        _run_into(q, k, v, out, causal, sm_scale)
+
+
+_attention_into = torch.library.custom_op("tutorial_kernels::attention_into", _pinned_run_into, mutates_args=("out",))
 
 
 @_attention_into.register_fake
-def _(q, k, v, out, causal, sm_scale):
+def _(q, k, v, out, causal, sm_scale, pins):
     return None
 
 
@@ -108,11 +117,17 @@ def _train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bo
     return flash_attn_v2_with_lse(q, k, v, causal, sm_scale, tuned=q.is_cuda)
 
 
-_attention_fwd = torch.library.custom_op("tutorial_kernels::attention_fwd", _train_forward, mutates_args=())
+def _pinned_train_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sm_scale: float,
+                          pins: str) -> tuple[torch.Tensor, torch.Tensor]:
+    with pinned(pins_from_text(pins)):
+        return _train_forward(q, k, v, causal, sm_scale)
+
+
+_attention_fwd = torch.library.custom_op("tutorial_kernels::attention_fwd", _pinned_train_forward, mutates_args=())
 
 
 @_attention_fwd.register_fake
-def _(q, k, v, causal, sm_scale):
+def _(q, k, v, causal, sm_scale, pins):
     batch, heads, n_q, _ = q.shape
     return q.new_empty(q.shape), q.new_empty((batch, heads, n_q), dtype=torch.float32)
 
@@ -130,11 +145,18 @@ def _train_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     return flash_attn_backward(q, k, v, o, lse, do, causal, sm_scale, tuned=q.is_cuda)
 
 
-_attention_bwd = torch.library.custom_op("tutorial_kernels::attention_bwd", _train_backward, mutates_args=())
+def _pinned_train_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor,
+                           lse: torch.Tensor, causal: bool, sm_scale: float,
+                           pins: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    with pinned(pins_from_text(pins)):
+        return _train_backward(do, q, k, v, o, lse, causal, sm_scale)
+
+
+_attention_bwd = torch.library.custom_op("tutorial_kernels::attention_bwd", _pinned_train_backward, mutates_args=())
 
 
 @_attention_bwd.register_fake
-def _(do, q, k, v, o, lse, causal, sm_scale):
+def _(do, q, k, v, o, lse, causal, sm_scale, pins):
     # every backward returns new contiguous gradients, whatever the strides of q, k and v (a model's
     # (B, N, H, d) projections seen as (B, H, N, d)): the fake must say the same, or torch.compile's
     # checks fail on the real strides
@@ -142,17 +164,16 @@ def _(do, q, k, v, o, lse, causal, sm_scale):
 
 
 def _setup_context(ctx, inputs, output):
-    q, k, v, causal, sm_scale = inputs
+    q, k, v, causal, sm_scale, pins = inputs
     o, lse = output
     ctx.save_for_backward(q, k, v, o, lse)  # O(N·d) numbers: never the n_q × n_k matrix P
-    ctx.causal, ctx.sm_scale, ctx.allowed = causal, sm_scale, allowed_kernels()  # the backward keeps the pins
+    ctx.causal, ctx.sm_scale, ctx.pins = causal, sm_scale, pins  # the backward keeps the forward's pins
 
 
 def _backward(ctx, do, dlse):
     q, k, v, o, lse = ctx.saved_tensors
-    with pinned(ctx.allowed):
-        dq, dk, dv = _attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = _attention_bwd(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale, ctx.pins)
+    return dq, dk, dv, None, None, None
 
 
 _attention_fwd.register_autograd(_backward, setup_context=_setup_context)
@@ -176,6 +197,17 @@ class _EagerAttention(torch.autograd.Function):
         q, k, v, o, lse = ctx.saved_tensors
         with pinned(ctx.allowed):  # the forward's pins, wherever the backward runs
             return *_train_backward(do, q, k, v, o, lse, ctx.causal, ctx.sm_scale), None, None
+
+
+def _pins_here() -> str:
+    """The enclosing block's pins as the operators' argument; traced, a constant of the graph (torch.compile
+    cannot read a context variable, and a graph keeps the pins it was traced under)."""
+    return pins_as_text(allowed_kernels())
+
+
+# what torch.compiler.assume_constant_result sets, without importing torch's compiler into eager processes
+# (a test compiles under pins and fails should the mark stop working)
+_pins_here._dynamo_marked_constant = True
 
 
 def _traced(q: torch.Tensor) -> bool:
@@ -223,9 +255,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
         if q.shape[0] * q.shape[1] > MAX_GRID_Y:
             return _in_slices(q, k, v, causal, scale, out)
         if training:
-            return _attention_fwd(q, k, v, bool(causal), scale)[0]
+            return _attention_fwd(q, k, v, bool(causal), scale, _pins_here())[0]
         out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
-        _attention_into(q, k, v, out, bool(causal), scale)
+        _attention_into(q, k, v, out, bool(causal), scale, _pins_here())
         return out
     # Eagerly, a call like an earlier one (shapes, strides, dtypes, flags) passed the same checks and
     # picks the same kernel: remembered, so that a model's layers pay for neither again.
@@ -268,7 +300,7 @@ def _with_lse(q, k, v, causal, sm_scale, out) -> tuple[torch.Tensor, torch.Tenso
         raise ValueError(f"return_lse: batch × heads above {MAX_GRID_Y} runs in slices, which return no "
                          f"log-sum-exp; got q {tuple(q.shape)}")
     if _traced(q):
-        o, lse = _attention_fwd(q, k, v, bool(causal), scale)
+        o, lse = _attention_fwd(q, k, v, bool(causal), scale, _pins_here())
     elif training:
         o, lse = _EagerAttention.apply(q, k, v, bool(causal), scale)
     else:
@@ -304,8 +336,8 @@ def _with_variants(q, k, v, causal, sm_scale, out, window_size, softcap, alibi_s
 
 class _HopperWindow(torch.autograd.Function):
     """A sliding window through chapter 7's Hopper kernels: the forward always; the backward where
-    `backward_kernel_for` picks the Hopper backward, else chapter 9's kernels from the same O and
-    log-sum-exp."""
+    `backward_kernel_for` picks the Hopper backward (under the forward's pins), else chapter 9's kernels
+    from the same O and log-sum-exp."""
 
     @staticmethod
     def forward(ctx, q, k, v, causal, sm_scale, window_size):
@@ -320,8 +352,11 @@ class _HopperWindow(torch.autograd.Function):
     def backward(ctx, do, _dlse):
         q, k, v, o, lse = ctx.saved_tensors
         do = do.contiguous()
-        with pinned(ctx.allowed):
-            kernel = backward_kernel_for(q, k, v, do, ctx.causal)
+        try:
+            with pinned(ctx.allowed):
+                kernel = backward_kernel_for(q, k, v, do, ctx.causal)
+        except RuntimeError:  # pins that allow no plain backward here: chapter 9's runs windows whatever the pins
+            kernel = "variants"
         if kernel == "hopper":
             grads = ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale,
                                                                     window_size=ctx.window_size)

@@ -16,8 +16,8 @@ The kernels, in the order the front door prefers them where more than one can ru
 
 A window alone follows the forward's choice ("hopper": chapter 7's kernels with its bounds; otherwise
 chapter 9's); softcap, ALiBi, masks, hooks, packed batches and decoding have one kernel family each and are not
-pinned. Pins apply to the calls made inside the block, eagerly or traced by torch.compile there; a
-backward keeps the pins its forward ran under.
+pinned. Pins apply to the calls made inside the block, eagerly or traced by torch.compile there (a
+compiled graph keeps the pins it was traced under); a backward keeps the pins its forward ran under.
 """
 
 from __future__ import annotations
@@ -35,25 +35,31 @@ KERNELS = ("hopper", "triton-tuned", "triton-interpreter")  # in the order of pr
 _ALLOWED: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("attention_kernels", default=None)
 
 
-@contextlib.contextmanager
-def attention_kernels(*kernels: str, exclude: tuple[str, ...] | list[str] = ()) -> Iterator[None]:
-    """Within the block, the front door runs only `kernels` (all of KERNELS if none are named) less
-    `exclude`; a call none of them can run raises RuntimeError saying why each could not. Nests: an
-    inner block narrows further. Raises ValueError naming an unknown kernel."""
-    for name in (*kernels, *exclude):
+def _names(given, what: str) -> tuple[str, ...]:
+    """A kernel's name, or a list or tuple of them, as torch.nn.attention.sdpa_kernel takes its backends."""
+    names = (given,) if isinstance(given, str) else tuple(given)
+    for name in names:
         if name not in KERNELS:
-            raise ValueError(f"attention_kernels: unknown kernel {name!r}; the kernels are {', '.join(KERNELS)}")
-    allowed = frozenset(kernels or KERNELS) - frozenset(exclude)
-    outer = _ALLOWED.get()
-    token = _ALLOWED.set(allowed if outer is None else allowed & outer)
-    try:
+            raise ValueError(f"attention_kernels: unknown kernel {name!r} in {what}; the kernels are "
+                             f"{', '.join(KERNELS)}")
+    return names
+
+
+@contextlib.contextmanager
+def attention_kernels(*kernels: str | list[str] | tuple[str, ...],
+                      exclude: str | list[str] | tuple[str, ...] = ()) -> Iterator[None]:
+    """Within the block, the front door runs only `kernels` (names, or one list of them; all of KERNELS if
+    none are named) less `exclude` (a name or a list); a call none of them can run raises RuntimeError
+    saying why each could not. An inner block replaces the outer one's choice for its calls, as
+    torch.nn.attention.sdpa_kernel does. Raises ValueError naming an unknown kernel."""
+    named = tuple(name for given in kernels for name in _names(given, "kernels"))
+    allowed = frozenset(named or KERNELS) - frozenset(_names(exclude, "exclude"))
+    with pinned(allowed):
         yield
-    finally:
-        _ALLOWED.reset(token)
 
 
 def allowed_kernels() -> frozenset | None:
-    """The kernels the enclosing `attention_kernels` blocks allow, None outside any (all of them)."""
+    """The kernels the enclosing `attention_kernels` block allows, None outside any (all of them)."""
     return _ALLOWED.get()
 
 
@@ -65,6 +71,17 @@ def pinned(allowed: frozenset | None) -> Iterator[None]:
         yield
     finally:
         _ALLOWED.reset(token)
+
+
+def pins_as_text(allowed: frozenset | None) -> str:
+    """The pins as an operator's argument (torch.compile keeps them in the graph): "" for none, else the
+    allowed kernels joined by commas ("," for a block that allows nothing)."""
+    return "" if allowed is None else ",".join(sorted(allowed)) or ","
+
+
+def pins_from_text(text: str) -> frozenset | None:
+    """`pins_as_text`'s inverse."""
+    return None if text == "" else frozenset(name for name in text.split(",") if name)
 
 
 class Choice(NamedTuple):
@@ -159,18 +176,31 @@ DESCRIPTIONS = {"hopper": "chapter 7's Gluon kernel, FlashAttention-3's schedule
 
 
 def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, *,
-            training: bool | None = None) -> str:
-    """Which kernels `flash_attention(q, k, v, causal)` would run for these tensors, and why each other
-    kernel would not: a few lines of text. training: whether the backward is wanted too (default: whether
-    any of q, k, v requires grad). Runs nothing; raises as the call would for inputs it refuses."""
-    from tutorial_kernels.validation import check_attention_inputs
+            window_size: tuple[int, int] = (-1, -1), training: bool | None = None) -> str:
+    """Which kernels `flash_attention(q, k, v, causal, window_size=window_size)` would run for these tensors,
+    and why each other kernel would not: a few lines of text. training: whether the backward is wanted too
+    (default: as autograd would, grad mode on and any of q, k, v requiring grad). Runs nothing; raises as
+    the call would for inputs it refuses."""
+    from tutorial_kernels.validation import check_attention_inputs, check_window_size
 
     check_attention_inputs(q, k, v, causal, None, max_head_dim=256, allow_gqa=True, allow_empty=True)
-    training = any(t.requires_grad for t in (q, k, v)) if training is None else training
+    windowed = tuple(check_window_size(window_size)) != (-1, -1)
+    if training is None:
+        training = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     lines = []
-    for what, choice in (("forward", forward_choice(q, k, v, causal)),) + (
-            (("backward", backward_choice(q, k, v, q, causal)),) if training else ()):
-        lines.append(f"{what}: {choice.kernel} — {DESCRIPTIONS[choice.kernel]}")
+    for what in ("forward", "backward") if training else ("forward",):
+        try:
+            choice = forward_choice(q, k, v, causal) if what == "forward" else backward_choice(q, k, v, q, causal)
+        except RuntimeError as refused:  # nothing allowed runs it: the call raises the same, unless windowed
+            if not (windowed and what == "backward"):
+                raise
+            choice = Choice("refused", (("every plain kernel", str(refused)),))
+        if windowed and choice.kernel != "hopper":  # a window runs chapter 7's kernels, or else chapter 9's
+            why = dict(choice.considered).get("hopper") or "; ".join(filter(None, dict(choice.considered).values()))
+            lines.append(f"{what}: chapter 9's Triton kernels with the window's tile bounds (hopper: {why})")
+            continue
+        lines.append(f"{what}: {choice.kernel} — {DESCRIPTIONS[choice.kernel]}"
+                     + (", with the window's tile bounds" if windowed else ""))
         lines += [f"  {name}: {'could run it' if why is None else why}" for name, why in choice.considered
                   if name != choice.kernel]
     return "\n".join(lines)

@@ -50,8 +50,11 @@ def ranks_unavailable(world: int) -> str | None:
 
 def run_ranks(fn, world: int, *args, backend: str | None = None):
     """fn(rank, world, *args) on `world` processes; rank 0's result. backend: "nccl" where there are
-    `world` GPUs, else "gloo". Raises RuntimeError carrying a failing rank's traceback."""
-    backend = backend or ("nccl" if torch.cuda.is_available() and torch.cuda.device_count() >= world else "gloo")
+    `world` GPUs, else "gloo". Raises RuntimeError carrying a failing rank's traceback, or, without a
+    backend named, `ranks_unavailable`'s reason where the ranks cannot run here."""
+    if backend is None and (why := ranks_unavailable(world)):
+        raise RuntimeError(f"run_ranks: {why}")
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "result")
         mp.start_processes(_entry, args=(world, _free_port(), backend, path, fn, args), nprocs=world,

@@ -146,8 +146,8 @@ def test_the_operators_pass_torch_library_opcheck():
 
     x = random_qkv(1, 2, 9, 12, 16, torch.float32)
     q, k, v = (t.detach().requires_grad_() for t in (x.q, x.k, x.v))
-    torch.library.opcheck(_attention_fwd, (q, k, v, True, 0.25))
-    torch.library.opcheck(_attention_into, (x.q, x.k, x.v, torch.empty_like(x.q), False, 0.25))
+    torch.library.opcheck(_attention_fwd, (q, k, v, True, 0.25, ""))
+    torch.library.opcheck(_attention_into, (x.q, x.k, x.v, torch.empty_like(x.q), False, 0.25, ""))
 
 
 @pytest.mark.gpu("the Hopper kernel")
@@ -213,11 +213,11 @@ def test_the_backward_operator_passes_opcheck_on_transposed_inputs():
 
     x = random_qkv(2, 4, 9, 12, 16, torch.float32, layout="bnhd")
     q, k, v = x.q, x.k[:, :2], x.v[:, :2]
-    o, lse = _attention_fwd(q, k, v, False, 0.25)
+    o, lse = _attention_fwd(q, k, v, False, 0.25, "")
     do = torch.randn_like(q).transpose(2, 3).contiguous().transpose(2, 3)  # dO in yet another layout
     for causal in (False, True):
-        torch.library.opcheck(_attention_fwd, (q, k, v, causal, 0.25))
-        torch.library.opcheck(_attention_bwd, (do, q, k, v, o, lse, causal, 0.25))
+        torch.library.opcheck(_attention_fwd, (q, k, v, causal, 0.25, ""))
+        torch.library.opcheck(_attention_bwd, (do, q, k, v, o, lse, causal, 0.25, ""))
 
 
 def test_eager_training_matches_the_operators_and_leaves_torchs_compiler_unimported():
@@ -233,7 +233,7 @@ def test_eager_training_matches_the_operators_and_leaves_torchs_compiler_unimpor
     q, k, v = x.q, x.k[:, :2], x.v[:, :2]
     do = torch.randn_like(q)
     eager = _grads(lambda q, k, v: flash_attention(q, k, v, True, 0.25), q, k, v, do)
-    operator = _grads(lambda q, k, v: _attention_fwd(q, k, v, True, 0.25)[0], q, k, v, do)
+    operator = _grads(lambda q, k, v: _attention_fwd(q, k, v, True, 0.25, "")[0], q, k, v, do)
     for name, got, want in zip(("out", "dq", "dk", "dv"), eager, operator):
         assert torch.equal(got, want), f"{name}: the eager path differs from the operator; seed={x.seed}"
     script = ("import sys, torch, tutorial_kernels\n"

@@ -249,6 +249,52 @@ def test_a_windows_work_items_visit_every_key_it_sees_and_mask_every_tile_it_cro
             assert tile.shape[1] == block and tile[:min(block, n_q - row)].all(), (w, t)
 
 
+class _IntegerGluonGrid(_IntegerGluon):
+    """`gl` with a program id per grid axis and `gl.where`, for the backward's key tile."""
+
+    def __init__(self, *ids: int):
+        super().__init__()
+        self.ids = ids
+
+    def program_id(self, axis):
+        return self.ids[axis]
+
+    @staticmethod
+    def where(condition, a, b):
+        return a if condition else b
+
+
+@pytest.mark.parametrize("window_size, causal", [((300, -1), True), ((0, 0), False), ((200, 77), False),
+                                                 ((129, -1), False), ((-1, 40), False), ((63, 0), False),
+                                                 ((-1, -1), True), ((-1, -1), False), ((62, -1), False)])
+@pytest.mark.parametrize("n_q, n_k", [(1100, 1100), (777, 1300), (1300, 777), (1, 1), (130, 5), (1000, 1062),
+                                      (1000, 1001)])  # diag ≡ −2 and 1 (mod 64): a tile boundary either side
+def test_the_backwards_key_tiles_visit_every_query_that_sees_them_and_mask_every_tile_they_cross(n_q, n_k, window_size,
+                                                                                                 causal):
+    """The backward's `_key_tile` on integers: the query tiles [m_lo, m_hi) a key tile visits hold every row
+    that sees one of its keys, with none wasted on either side, and a query tile it leaves unmasked
+    ([m_full, m_mid)) sees the whole key tile with every row."""
+    from tutorial_kernels.ch07_hopper import band_offsets
+    from tutorial_kernels.ch07_hopper_backward import _key_tile
+    from tutorial_kernels.reference import variant_mask
+
+    bounded, diag, edge = band_offsets(causal, window_size, n_q, n_k)
+    seen = variant_mask(n_q, n_k, window_size, causal)
+    block_m, block_n = 64, 128
+    for tile in range(-(-n_k // block_n)):
+        kernel = _on_integers(_key_tile, _IntegerGluonGrid(tile, 0))
+        _, _, first_key, m_lo, m_full, m_mid, m_hi, _ = kernel(1, 1, n_q, n_k, diag, edge, bounded, block_m, block_n)
+        assert first_key == tile * block_n and m_lo <= m_full <= m_mid <= m_hi
+        rows = seen[:, first_key:first_key + block_n].any(dim=1).nonzero().flatten().tolist()
+        if rows:
+            assert (m_lo, m_hi) == (rows[0] // block_m, rows[-1] // block_m + 1), (tile, m_lo, m_hi, rows[0], rows[-1])
+        else:
+            assert m_lo == m_hi, (tile, m_lo, m_hi)
+        for m in range(m_full, m_mid):
+            block = seen[m * block_m:(m + 1) * block_m, first_key:first_key + block_n]
+            assert block.shape[1] == block_n and block.all(), (tile, m)
+
+
 @pytest.mark.parametrize("programs", [1, 2, 5, 132])
 @NEEDS_PLOTLY
 def test_the_pictures_deal_items_as_the_kernel_does(programs):

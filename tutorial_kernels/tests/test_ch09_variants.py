@@ -351,6 +351,28 @@ def test_the_front_door_runs_a_window_on_hopper_and_trains_through_it(head_dim, 
     assert torch.equal(capped, flash_attn_variants(q, k, v, True, window_size=(700, 0), softcap=30.0))
 
 
+@pytest.mark.cpu("the Hopper forward stood in for by chapter 9's, the pins checked on the CPU")
+def test_a_window_trained_under_pins_no_plain_backward_meets_takes_chapter_9s_backward(monkeypatch):
+    """A window whose forward ran chapter 7's kernel under pins that leave no plain backward for the call
+    (here: "hopper" alone, where the Hopper backward cannot run) trains through chapter 9's backward from
+    the same O and lse instead of raising."""
+    import tutorial_kernels
+    from tutorial_kernels import attention
+
+    def hopper_stand_in(q, k, v, causal, sm_scale, window_size):
+        return flash_attn_variants(q, k, v, causal, sm_scale, window_size=window_size, return_lse=True)
+
+    monkeypatch.setattr(attention, "flash_attn_hopper_with_lse", hopper_stand_in)
+    seed = fresh_seed()
+    q, k, v, do = (_draw((1, 4 if i in (0, 3) else 2, 40, 32), torch.float32, seed + i) for i in range(4))
+
+    def call(q, k, v):
+        with tutorial_kernels.attention_kernels("hopper"):
+            return attention._HopperWindow.apply(q, k, v, True, 32 ** -0.5, (9, 0))
+
+    _against_reference(call, dict(window_size=(9, 0), causal=True), q, k, v, do, seed, "window under pins")
+
+
 def _attn_mask(kind: str, batch: int, heads: int, n_q: int, n_k: int, dtype, seed: int) -> torch.Tensor:
     """PyTorch-style masks: a padding mask per sequence (B, 1, 1, S); a block-sparse boolean one that hides whole
     16 × 16 tiles and every key of query rows 3 and 40 (L, S); a float one (B, H, L, S) with −∞ entries; a

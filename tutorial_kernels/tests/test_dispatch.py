@@ -8,7 +8,8 @@ import torch
 
 import tutorial_kernels
 from tutorial_kernels import attention_kernels, explain, flash_attention
-from tutorial_kernels.dispatch import allowed_kernels, backward_kernel_for, kernel_for
+from tutorial_kernels.dispatch import (KERNELS, allowed_kernels, backward_kernel_for, kernel_for, pins_as_text,
+                                       pins_from_text)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import ON_GPU, assert_close, default_device
 
@@ -18,23 +19,37 @@ def _qkv(n=24, d=16, dtype=torch.float32, grad=False, seed=0):
     return [torch.randn(1, 2, n, d, generator=g).to(default_device(), dtype).requires_grad_(grad) for _ in range(3)]
 
 
-def test_pins_nest_narrow_and_end_with_their_block():
+def test_pins_take_names_or_lists_and_an_inner_block_replaces_the_outer_one():
+    """As torch.nn.attention.sdpa_kernel: kernels as names or one list, exclude as a name or a list, and an
+    inner block's choice replaces the outer's for its calls (no intersection) until it ends."""
     assert allowed_kernels() is None
     with attention_kernels("hopper", "triton-tuned"):
         assert allowed_kernels() == {"hopper", "triton-tuned"}
-        with attention_kernels(exclude=("hopper",)):
-            assert allowed_kernels() == {"triton-tuned"}  # the inner block narrows the outer one
+        with attention_kernels(exclude="hopper"):
+            assert allowed_kernels() == {"triton-tuned", "triton-interpreter"}  # replaced, not narrowed
+        with attention_kernels(["triton-interpreter"]):
+            assert allowed_kernels() == {"triton-interpreter"}
         assert allowed_kernels() == {"hopper", "triton-tuned"}
+    with attention_kernels(("hopper", "triton-tuned"), exclude=["hopper"]):
+        assert allowed_kernels() == {"triton-tuned"}
     assert allowed_kernels() is None
 
 
 def test_an_unknown_kernel_is_refused_by_name():
-    with pytest.raises(ValueError, match="unknown kernel 'flash'; the kernels are hopper, triton-tuned"):
+    with pytest.raises(ValueError, match="unknown kernel 'flash' in kernels; the kernels are hopper, triton-tuned"):
         with attention_kernels("flash"):
             pass
-    with pytest.raises(ValueError, match="unknown kernel 'cudnn'"):
+    with pytest.raises(ValueError, match="unknown kernel 'cudnn' in exclude"):
         with attention_kernels(exclude=["cudnn"]):
             pass
+    with pytest.raises(ValueError, match="unknown kernel 'h' in exclude"):
+        with attention_kernels(exclude="h"):
+            pass
+
+
+def test_pins_round_trip_through_an_operators_argument():
+    for allowed in (None, frozenset(), frozenset({"hopper"}), frozenset(KERNELS)):
+        assert pins_from_text(pins_as_text(allowed)) == allowed
 
 
 @pytest.mark.cpu("the interpreter is the only kernel on the CPU")
@@ -68,6 +83,26 @@ def test_the_backward_keeps_the_pins_its_forward_ran_under():
     assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+@pytest.mark.cpu("the interpreter is the only kernel on the CPU")
+def test_a_compiled_backward_keeps_the_pins_its_forward_was_traced_under():
+    """Under torch.compile the operators carry the pins of the block they were traced in: the backward,
+    run after the block has ended and inside one that would refuse it, still runs (before, it read the
+    pins at run time and raised)."""
+    torch._dynamo.reset()
+    q, k, v = _qkv(grad=True, seed=4)
+    compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, causal=True), backend="aot_eager", fullgraph=True)
+    with attention_kernels("triton-interpreter"):
+        o = compiled(q, k, v)
+    with attention_kernels(exclude="triton-interpreter"):
+        o.sum().backward()
+    want = [t.grad.clone() for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    flash_attention(q, k, v, causal=True).sum().backward()
+    for got, expected in zip(want, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, expected)
+
+
 def test_explain_names_the_kernels_and_why_the_others_do_not_run():
     q, k, v = _qkv(grad=True)
     text = explain(q, k, v, causal=True)
@@ -81,6 +116,16 @@ def test_explain_names_the_kernels_and_why_the_others_do_not_run():
         assert "  hopper: " in explain(q, k, v, causal=True)
     with pytest.raises(ValueError, match="head_dim"):
         explain(*(t[..., :8] for t in (q, k, v)))  # what the call refuses, explain refuses
+    with torch.no_grad():  # as autograd: no backward without grad mode
+        assert "\nbackward: " not in explain(q, k, v, causal=True)
+    windowed = explain(q, k, v, causal=True, window_size=(5, 0))
+    if kernel_for(q, k, v, True) == "hopper":
+        assert windowed.startswith("forward: hopper — ") and "with the window's tile bounds" in windowed
+    else:
+        assert windowed.startswith("forward: chapter 9's Triton kernels with the window's tile bounds (hopper: ")
+    assert "\nbackward: " in windowed
+    with pytest.raises(ValueError, match="window_size"):
+        explain(q, k, v, window_size=(5,))
 
 
 @pytest.mark.gpu("pinning the Hopper kernels away")
