@@ -170,25 +170,53 @@ def _decode_combine_kernel(
 MAX_SPLITS = 128  # the combine holds every split of a row in one program
 
 
-def choose_num_splits(batch: int, kv_heads: int, row_tiles: int, max_keys: int, sm_count: int,
-                      block_n: int, min_keys_per_split: int = 256, waves: int = 2) -> int:
-    """Flash-Decoding's rule: enough splits that batch × KV heads × row tiles × splits programs fill
-    the GPU `waves` times over, but no split shorter than `min_keys_per_split` keys (its merge would
-    cost more than it saves). 1 when the grid already fills the GPU."""
+@functools.cache
+def choose_num_splits(batch: int, kv_heads: int, row_tiles: int, max_keys: int, sm_count: int, block_n: int,
+                      resident: int = 4, busy_waves: int = 3, min_keys_per_split: int = 256,
+                      program_cost_keys: int = 256) -> int:
+    """Flash-Decoding's split count, with the GPU's waves counted. P = batch × KV heads × row tiles
+    programs, each cut into s splits, run in waves of sm_count × `resident` programs (as many as the SMs
+    hold at once, `resident_programs`). The memory is kept busy only by at least busy_waves × sm_count
+    programs loading at once, so a wave of fewer takes as long as one of that many; each program also
+    pays a fixed cost worth `program_cost_keys` keys (its start, its partial's write, its merge). The s
+    from 1 to the cap that minimises Σ_waves max(programs, busy) · (max_keys / s + program_cost_keys)
+    wins. Caps: no split shorter than `min_keys_per_split` keys, at most MAX_SPLITS."""
     programs = max(batch * kv_heads * row_tiles, 1)
-    wanted = math.ceil(waves * sm_count / programs)
-    most = max(1, max_keys // max(min_keys_per_split, block_n))
-    return max(1, min(wanted, most, MAX_SPLITS))
+    wave, busy = sm_count * resident, busy_waves * sm_count
+    most = max(1, min(max_keys // max(min_keys_per_split, block_n), MAX_SPLITS))
+    best_time, best = math.inf, 1
+    for splits in range(1, most + 1):
+        full, last = divmod(programs * splits, wave)  # whole waves, and the programs of a last partial one
+        slots = full * max(wave, busy) + (max(last, busy) if last else 0)
+        time = slots * (max_keys / splits + program_cost_keys)
+        if time < best_time:
+            best_time, best = time, splits
+    return best
+
+
+def resident_programs(tiles: dict, head_dim: int, itemsize: int, registers: int = 128) -> int:
+    """How many partial-kernel programs of `tiles` an SM holds at once, estimated before compiling: the
+    shared memory of the key and value tiles the pipeline keeps in flight (stages − 1 of each) and Q's
+    tile, out of 227 KiB; and the registers, `registers` per thread (an estimate), out of 64 Ki."""
+    block_d = head_dim_block(head_dim)
+    shared = (2 * max(tiles["num_stages"] - 1, 1) * tiles["BLOCK_N"] + tiles["BLOCK_M"]) * block_d * itemsize + 1024
+    by_registers = 65536 // (registers * 32 * tiles["num_warps"])
+    return max(1, min(227 * 1024 // shared, by_registers))
 
 
 SHARED_BYTES = 160 * 2**10  # what the key and value tiles of every stage may take (an H100 has 227 KiB)
 
 
 def decode_tiles(n_q: int, group: int, head_dim: int, itemsize: int = 2) -> dict:
-    """The partial kernel's tile: BLOCK_M packed rows (at least tl.dot's 16), BLOCK_N keys, warps, stages;
-    BLOCK_N halved until the stages' key and value tiles fit in SHARED_BYTES."""
+    """The partial kernel's tile here: `gpu_decode_tiles`, or one small tile in Triton's interpreter."""
     if interpreter_active():
         return dict(BLOCK_M=16, BLOCK_N=16, num_warps=4, num_stages=1)
+    return gpu_decode_tiles(n_q, group, head_dim, itemsize)
+
+
+def gpu_decode_tiles(n_q: int, group: int, head_dim: int, itemsize: int = 2) -> dict:
+    """The partial kernel's tile on a GPU: BLOCK_M packed rows (at least tl.dot's 16), BLOCK_N keys, warps,
+    stages; BLOCK_N halved until the stages' key and value tiles fit in SHARED_BYTES."""
     tiles = dict(BLOCK_M=max(16, min(64, triton.next_power_of_2(n_q * group))), BLOCK_N=64, num_warps=4, num_stages=3)
     while tiles["BLOCK_N"] > 16 and 2 * tiles["num_stages"] * tiles["BLOCK_N"] * head_dim_block(head_dim) * itemsize > SHARED_BYTES:
         tiles["BLOCK_N"] //= 2
@@ -361,7 +389,10 @@ def run_kvcache(q, k_cache, v_cache, k, v, cache_seqlens, block_table, causal: b
     block_d = head_dim_block(head_dim)
     row_tiles = triton.cdiv(n_q * group, block_m)
     if num_splits is None:  # chosen for the longest sequence the cache holds; each sequence divides its own
-        num_splits = choose_num_splits(batch, kv_heads, row_tiles, capacity, _sm_count(q.device), block_n)
+        # a paged read waits on its table entry before its keys: it needs more programs loading at once
+        num_splits = choose_num_splits(batch, kv_heads, row_tiles, capacity, _sm_count(q.device), block_n,
+                                       resident_programs(tiles, head_dim, q.element_size()),
+                                       busy_waves=4 if block_table is not None else 3)
     num_splits = max(1, min(num_splits, MAX_SPLITS, triton.cdiv(max(capacity, 1), block_n)))
     table = block_table if block_table is not None else n_keys  # (unread without PAGED)
     table_strides = block_table.stride() if block_table is not None else (0, 0)
@@ -461,5 +492,6 @@ def relaunch_kvcache(plan: Hashable, q, k_cache, v_cache, k, v, cache_seqlens,
     return run_kvcache(q, k_cache, v_cache, None, None, n_keys, block_table, causal, scale, num_splits)
 
 
-__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits", "decode_tiles",
+__all__ = ["flash_attention_with_kvcache", "check_kvcache_inputs", "run_kvcache", "choose_num_splits",
+           "resident_programs", "decode_tiles", "gpu_decode_tiles",
            "kvcache_call_key", "relaunch_kvcache"]

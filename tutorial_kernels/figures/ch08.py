@@ -26,7 +26,7 @@ import math
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from tutorial_kernels.ch08_decode import choose_num_splits
+from tutorial_kernels.ch08_decode import choose_num_splits, gpu_decode_tiles, resident_programs
 from tutorial_kernels.figures.concepts import (
     EDGE, INK, NOTE, SIDE_MARGIN, Diagram, discrete_scale, fixed_axes, hover, legend_entry, narrow_diagram)
 from tutorial_kernels.figures.registry import figure
@@ -35,22 +35,20 @@ from tutorial_kernels.figures.style import (WAVE_COLOURS, add_notes, concept_lay
                                             ordered_providers, provider_colour, provider_line, reference_line, shade)
 
 SMS = 132  # an H100 SXM
-DECODE_BLOCK_N = 64  # the launcher's key tile on a GPU (`run_kvcache`)
 CH05_BLOCK_M = 128  # chapter 5's largest query tile
-IDLE, ONE, TWO, USED = "#eef1f5", "#9ecae1", "#08519c", "#fd8d3c"
-
-
-def decode_block_m(n_q: int, group: int) -> int:
-    """The decode launcher's rows per tile on a GPU: n_q · G packed rows, a power of two from 16 to 64."""
-    return max(16, min(64, 1 << max(n_q * group - 1, 0).bit_length()))
+IDLE, ONE, TWO, THREE, USED = "#eef1f5", "#c6dbef", "#6baed6", "#08519c", "#fd8d3c"
 
 
 def decode_splits(batch: int, kv_heads: int, n_q: int, group: int, capacity: int, sms: int = SMS,
-                  block_n: int = DECODE_BLOCK_N) -> tuple[int, int]:
-    """(splits that hold keys, keys per split) for a sequence that fills the cache: `choose_num_splits`,
-    then the sequence's keys cut into that many ranges of whole key tiles, as the kernel cuts them."""
-    row_tiles = math.ceil(n_q * group / decode_block_m(n_q, group))
-    wanted = choose_num_splits(batch, kv_heads, row_tiles, capacity, sms, block_n)
+                  head_dim: int = 128) -> tuple[int, int]:
+    """(splits that hold keys, keys per split) for a sequence that fills the cache: `choose_num_splits` with
+    the GPU's tile and its resident programs, then the sequence's keys cut into that many ranges of whole
+    key tiles, as the kernel cuts them."""
+    tiles = gpu_decode_tiles(n_q, group, head_dim)
+    block_n = tiles["BLOCK_N"]
+    row_tiles = math.ceil(n_q * group / tiles["BLOCK_M"])
+    wanted = choose_num_splits(batch, kv_heads, row_tiles, capacity, sms, block_n,
+                               resident_programs(tiles, head_dim, 2))
     per_split = math.ceil(math.ceil(capacity / wanted) / block_n) * block_n
     return max(1, math.ceil(capacity / per_split)), per_split
 
@@ -66,12 +64,13 @@ def _strip(fig: go.Figure, used: list[bool], abouts: list[str], y0: float, y1: f
 
 
 @figure("concept-decode-grid")
-def decode_grid(heads: int = 32, kv_heads: int = 8, n_k: int = 32768, sms: int = SMS) -> go.Figure:
+def decode_grid(heads: int = 32, kv_heads: int = 8, n_k: int = 32768, sms: int = SMS, head_dim: int = 128) -> go.Figure:
     """One decode step (one sequence, one new token) on `sms` SMs: chapter 5's grid of one program per
     query head, grouped-query packing (one per KV head), and packing with split-KV."""
     group = heads // kv_heads
-    splits, per_split = decode_splits(1, kv_heads, 1, group, n_k, sms)
-    block_m = decode_block_m(1, group)
+    splits, per_split = decode_splits(1, kv_heads, 1, group, n_k, sms, head_dim)
+    tiles = gpu_decode_tiles(1, group, head_dim)
+    block_m = tiles["BLOCK_M"]
     ranges = splits  # the keys strip: one cell per split's range
     schemes = [
         ("chapter 5's grid:", heads, CH05_BLOCK_M, 1, False),
@@ -105,7 +104,7 @@ def decode_grid(heads: int = 32, kv_heads: int = 8, n_k: int = 32768, sms: int =
                     about_row.append("")
                     continue
                 mine = list(range(sm, programs, sms))  # program p on SM p mod sms: the scheduler's first guess
-                z_row.append(min(len(mine), 2))
+                z_row.append(min(len(mine), 3))
                 if not mine:
                     about_row.append(hover(f"SM {sm}: idle; this launch has no program for it."))
                 else:
@@ -114,8 +113,8 @@ def decode_grid(heads: int = 32, kv_heads: int = 8, n_k: int = 32768, sms: int =
             z.append(z_row)
             about.append(about_row)
         fig.add_trace(go.Heatmap(
-            z=z, customdata=about, x0=100 / cols / 2, dx=100 / cols, y0=top - row_h / 2, dy=-row_h, zmin=0, zmax=2,
-            colorscale=discrete_scale([IDLE, ONE, TWO]), showscale=False, xgap=2, ygap=2, name=f"SMs, {title}",
+            z=z, customdata=about, x0=100 / cols / 2, dx=100 / cols, y0=top - row_h / 2, dy=-row_h, zmin=0, zmax=3,
+            colorscale=discrete_scale([IDLE, ONE, TWO, THREE]), showscale=False, xgap=2, ygap=2, name=f"SMs, {title}",
             hovertemplate="%{customdata}<extra></extra>"), **at)
         busy = min(programs, sms)
         fig.add_annotation(x=50, y=bottom - 3, text=f"{busy} of {sms} SMs busy", showarrow=False,
@@ -149,12 +148,14 @@ def decode_grid(heads: int = 32, kv_heads: int = 8, n_k: int = 32768, sms: int =
         fixed_axes(fig)
     fig.add_trace(legend_entry("SM with 1 program", ONE))
     fig.add_trace(legend_entry("SM with 2 programs", TWO))
+    fig.add_trace(legend_entry("SM with 3 programs", THREE))
     fig.add_trace(legend_entry("real row, keys walked", USED))
     fig.add_trace(legend_entry("idle, padding, not walked", IDLE))
     add_notes(fig, f"One sequence, {heads} query heads on {kv_heads} KV heads (G = {group}), one new query, {n_k:,} "
-                   f"cached keys, {sms} SMs. Split-KV as the launcher chooses: choose_num_splits, rounded to whole "
-                   f"key tiles of {DECODE_BLOCK_N}, gives {splits} splits of {per_split:,} keys. Program p is drawn "
-                   f"on SM p mod {sms}; the hardware's placement is less regular, the count of busy SMs is the point.")
+                   f"cached keys, d = {head_dim}, {sms} SMs. Split-KV as the launcher chooses: choose_num_splits, "
+                   f"rounded to whole key tiles of {tiles['BLOCK_N']}, gives {splits} splits of {per_split:,} keys. "
+                   f"Program p is drawn on SM p mod {sms}; the hardware's placement is less regular, the count of busy "
+                   f"SMs is the point.")
     narrow_diagram(fig, **{"+height": 60})
     return concept_layout(fig, "One decode step on 132 SMs: whose programs, how many rows, how many keys", (
         f"Three panels of {sms} SMs for one new token of one sequence with {heads} query heads on {kv_heads} key/value "
@@ -393,3 +394,80 @@ def generate_table(data: dict | None = None):
                                  "with a static cache every call through the decode kernel). Teacher-forced: the "
                                  "largest relative error of a step's logits against sdpa without a cache, on the "
                                  "implementation's own tokens; the bound is twice sdpa's own error, at least 0.05."])
+
+
+# --- how many splits: every count measured ---------------------------------------------------------
+
+SPLIT_PANELS = ((1, 8, 32768), (8, 32, 32768), (64, 8, 32768))  # (B, H_kv, n) at d = 128, equal lengths
+SPLIT_LAYOUTS = (("contiguous", "contiguous cache", "#08519c"), ("paged16", "paged, 16-token blocks", "#fd8d3c"))
+
+
+def rule_splits(row: dict, layout: str, sms: int) -> int:
+    """The number of splits the launcher chooses for a measured shape (`choose_num_splits` as the module
+    has it now, with the GPU's tile and its resident programs)."""
+    tiles = gpu_decode_tiles(1, row["heads"] // row["kv_heads"], row["head_dim"])
+    return choose_num_splits(row["batch"], row["kv_heads"], 1, row["n"], sms, tiles["BLOCK_N"],
+                             resident_programs(tiles, row["head_dim"], 2), busy_waves=3 if layout == "contiguous" else 4)
+
+
+def split_choices(data: dict) -> list[dict]:
+    """Per measured shape and layout: the fastest split count's GB/s, and the share of it that the rule's
+    choice reads (the measured count nearest the rule's, on a log scale)."""
+    shapes: dict = {}
+    for r in data["results"]:
+        if r["layout"]:
+            key = (r["batch"], r["heads"], r["kv_heads"], r["n"], r["head_dim"], r["varying_lengths"], r["layout"])
+            shapes.setdefault(key, {})[r["num_splits"]] = r
+    out = []
+    for key, by_splits in shapes.items():
+        any_row = next(iter(by_splits.values()))
+        wanted = rule_splits(any_row, key[-1], data["sm_count"])
+        near = min(by_splits, key=lambda s: (abs(math.log(s / wanted)), s))
+        best = max(by_splits.values(), key=lambda r: r["gb_per_s"])
+        out.append(dict(shape=key, rule=wanted, measured_at=near, best_splits=best["num_splits"],
+                        share=by_splits[near]["gb_per_s"] / best["gb_per_s"]))
+    return out
+
+
+@figure("ch08-splits")
+def splits_measured(data: dict | None = None) -> go.Figure:
+    """GB/s of one decode step against the number of splits, three shapes at d = 128, contiguous and
+    16-token pages, the rule's choice marked and cuDNN's read as a line; the notes sum up every shape."""
+    data = data or load_data("ch08_splits")
+    fig = make_subplots(rows=1, cols=len(SPLIT_PANELS), shared_yaxes=True, horizontal_spacing=0.03,
+                        subplot_titles=[f"B = {b}, H_kv = {kv}, {_kib(n)} keys" for b, kv, n in SPLIT_PANELS])
+    for col, (batch, kv_heads, n) in enumerate(SPLIT_PANELS, start=1):
+        cell = dict(batch=batch, kv_heads=kv_heads, n=n, head_dim=128, varying_lengths=False)
+        for layout, label, colour in SPLIT_LAYOUTS:
+            rows = sorted((r for r in data["results"] if r["layout"] == layout
+                           and all(r[k] == v for k, v in cell.items())), key=lambda r: r["num_splits"])
+            if not rows:
+                continue
+            fig.add_trace(go.Scatter(
+                x=[r["num_splits"] for r in rows], y=[r["gb_per_s"] for r in rows], mode="lines+markers",
+                name=label, legendgroup=layout, showlegend=col == 1, line=dict(color=colour),
+                hovertemplate=f"{label}<br>%{{x}} splits: %{{y:,.0f}} GB/s<extra></extra>"), row=1, col=col)
+            wanted = rule_splits(rows[0], layout, data["sm_count"])
+            at = min(rows, key=lambda r: (abs(math.log(r["num_splits"] / wanted)), r["num_splits"]))
+            fig.add_trace(go.Scatter(
+                x=[at["num_splits"]], y=[at["gb_per_s"]], mode="markers", name="the rule's choice",
+                legendgroup="rule", showlegend=col == 1 and layout == "contiguous",
+                marker=dict(symbol="star", size=14, color=colour, line=dict(color=INK, width=1)),
+                hovertemplate=f"{label}: the rule picks {wanted} splits (measured at {at['num_splits']}): "
+                              "%{y:,.0f} GB/s<extra></extra>"), row=1, col=col)
+        cudnn = [r for r in data["results"] if r["layout"] is None and "cuDNN" in r["provider"]
+                 and all(r[k] == v for k, v in cell.items())]
+        if cudnn:
+            reference_line(fig, cudnn[0]["gb_per_s"], f"cuDNN: {cudnn[0]['gb_per_s']:,.0f} GB/s", row=1, col=col)
+    fig.update_xaxes(title="splits", type="log", tickvals=[1, 2, 4, 8, 16, 32, 64, 128])
+    fig.update_yaxes(title="GB/s of K and V read / GPU time", col=1, rangemode="tozero")
+    choices = split_choices(data)
+    summary = "; ".join(
+        f"{label}: least {min(c['share'] for c in choices if c['shape'][-1] == layout):.2f}, median "
+        f"{sorted(c['share'] for c in choices if c['shape'][-1] == layout)[len([c for c in choices if c['shape'][-1] == layout]) // 2]:.2f}"
+        for layout, label in (("contiguous", "contiguous"), ("paged16", "16-token pages"), ("paged256", "256-token pages")))
+    add_notes(fig, f"H = 32, d = 128, bfloat16, one new query per sequence; GPU time alone (a CUDA graph's replay). "
+                   f"Over all {len(choices) // 3} measured shapes (B 1–64, H_kv 8 and 32, 4k–128k keys, d 64 and 128, "
+                   f"equal and varying lengths), the rule's choice reads this share of the fastest split count's "
+                   f"bandwidth: {summary}.")
+    return measured_layout(fig, data, "How many splits: every count measured, the rule's choice starred", height=540)

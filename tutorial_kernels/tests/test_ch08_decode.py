@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tutorial_kernels import ch08_decode
-from tutorial_kernels.ch08_decode import choose_num_splits, flash_attention_with_kvcache
+from tutorial_kernels.ch08_decode import MAX_SPLITS, choose_num_splits, flash_attention_with_kvcache, resident_programs
 from tutorial_kernels.inputs import fresh_seed
 from tutorial_kernels.reference import cached_keys, reference_kvcache_attention
 from tutorial_kernels.testing import (KERNEL_DTYPES, ON_GPU, PEER_OUTPUT_FACTOR, assert_within_peer_rule,
@@ -185,11 +185,24 @@ def test_an_int_length_means_every_sequence():
     assert torch.equal(flash_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens=20), by_tensor)
 
 
-def test_num_splits_fills_the_gpu_and_keeps_splits_long():
-    assert choose_num_splits(1, 8, 1, 32768, 132, 64) == 33  # 8 programs → 2 × 132 / 8 splits
-    assert choose_num_splits(64, 8, 1, 32768, 132, 64) == 1  # 512 programs already fill 132 SMs
+def test_num_splits_keeps_the_memory_busy_without_a_partial_wave_and_keeps_splits_long():
+    # 8 programs: 49 splits make 392, the most that one wave of 3 programs per SM (396) holds
+    assert choose_num_splits(1, 8, 1, 32768, 132, 64, resident=3) == 49
+    assert choose_num_splits(64, 8, 1, 32768, 132, 64, resident=4) == 1  # 512 programs: one wave of 528 holds them
+    # with 3 per SM, 512 programs would leave a second wave of 116 (too few to keep the memory busy): 3 splits
+    # make 1536 programs, 3.9 waves
+    assert choose_num_splits(64, 8, 1, 32768, 132, 64, resident=3) == 3
     assert choose_num_splits(1, 8, 1, 1000, 132, 64) == 3  # no split shorter than 256 keys
     assert choose_num_splits(1, 1, 1, 100, 132, 64) == 1
+    for batch, kv_heads, keys in ((1, 1, 10**6), (3, 5, 777), (128, 32, 4096), (2, 8, 300)):
+        splits = choose_num_splits(batch, kv_heads, 1, keys, 132, 64)
+        assert 1 <= splits <= min(MAX_SPLITS, max(1, keys // 256)), (batch, kv_heads, keys, splits)
+
+
+def test_resident_programs_counts_shared_memory_and_registers():
+    tiles = dict(BLOCK_M=16, BLOCK_N=64, num_warps=4, num_stages=3)  # the GPU's decode tile
+    assert resident_programs(tiles, 128, 2) == 3  # (2 · 2 · 64 + 16) · 128 · 2 B + 1 KiB = 69 KiB of 227
+    assert resident_programs(tiles, 64, 2) == 4  # 35 KiB: 6 by shared memory, 4 by 128 registers × 128 threads
 
 
 def _valid():
