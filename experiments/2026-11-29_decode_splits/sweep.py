@@ -93,7 +93,7 @@ for (b, h, hkv, n, d, varying) in SHAPES:
                                                                  num_splits=s)
             err = (f().float() - want).abs().max().item()
             assert err < 2e-2, (shape, name, s, err)
-            add(provider=name, num_splits=s, rule=s == rule, ms=graph_ms(f))
+            add(provider=name, num_splits=s, rule=s == rule, max_diff_vs_one_split=err, ms=graph_ms(f))
     del layouts, kp, vp
     result["rows"] += rows
     best = {p: max((r for r in rows if r["provider"] == p), key=lambda r: r["gb_per_s"]) for p in

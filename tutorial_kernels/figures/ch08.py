@@ -432,7 +432,7 @@ def split_choices(data: dict) -> list[dict]:
 @figure("ch08-splits")
 def splits_measured(data: dict | None = None) -> go.Figure:
     """GB/s of one decode step against the number of splits, three shapes at d = 128, contiguous and
-    16-token pages, the rule's choice marked and cuDNN's read as a line; the notes sum up every shape."""
+    16-token pages, the rule's choice marked; the notes sum up every shape."""
     data = data or load_data("ch08_splits")
     fig = make_subplots(rows=1, cols=len(SPLIT_PANELS), shared_yaxes=True, horizontal_spacing=0.03,
                         subplot_titles=[f"B = {b}, H_kv = {kv}, {_kib(n)} keys" for b, kv, n in SPLIT_PANELS])
@@ -455,10 +455,6 @@ def splits_measured(data: dict | None = None) -> go.Figure:
                 marker=dict(symbol="star", size=14, color=colour, line=dict(color=INK, width=1)),
                 hovertemplate=f"{label}: the rule picks {wanted} splits (measured at {at['num_splits']}): "
                               "%{y:,.0f} GB/s<extra></extra>"), row=1, col=col)
-        cudnn = [r for r in data["results"] if r["layout"] is None and "cuDNN" in r["provider"]
-                 and all(r[k] == v for k, v in cell.items())]
-        if cudnn:
-            reference_line(fig, cudnn[0]["gb_per_s"], f"cuDNN: {cudnn[0]['gb_per_s']:,.0f} GB/s", row=1, col=col)
     fig.update_xaxes(title="splits", type="log", tickvals=[1, 2, 4, 8, 16, 32, 64, 128])
     fig.update_yaxes(title="GB/s of K and V read / GPU time", col=1, rangemode="tozero")
     choices = split_choices(data)

@@ -98,7 +98,7 @@ def _refusals_on_rank(rank: int, world: int) -> list[str]:
 
 
 def test_bad_distributed_calls_name_the_argument():
-    heads, seq_len = run_ranks(_refusals_on_rank, 2)
+    heads, seq_len = run_ranks(_refusals_on_rank, 2, backend="gloo")  # CPU tensors: refusals need no GPU
     assert "heads divisible by the 2 ranks, got 3 heads" in heads and "ring_attention" in heads
     assert "rank 0 of 2 holds 7 of seq_len=13 positions" in seq_len and "got a shard of 8" in seq_len
 
@@ -192,3 +192,13 @@ def test_the_front_doors_block_calls_refuse_by_name():
         flash_attention_forward(q[..., :8], k[..., :8], v[..., :8])
     dq, dk, dv = flash_attention_backward(torch.ones_like(o), q, k, v, o, lse, True)
     assert dq.shape == q.shape and dk.shape == k.shape and torch.isfinite(dv).all()
+
+
+def test_run_ranks_says_why_the_ranks_cannot_run_here(monkeypatch):
+    """Without a backend named, run_ranks refuses where `ranks_unavailable` says the group cannot form (here
+    pretended: a machine with fewer GPUs than ranks), with that reason, before starting any process."""
+    from tutorial_kernels import ranks
+
+    monkeypatch.setattr(ranks, "ranks_unavailable", lambda world: f"{world} ranks need {world} GPUs, this one has 1")
+    with pytest.raises(RuntimeError, match="run_ranks: 2 ranks need 2 GPUs, this one has 1"):
+        ranks.run_ranks(_refusals_on_rank, 2)
