@@ -8,12 +8,12 @@ Which kernel runs (`dispatch.kernel_for`, `dispatch.backward_kernel_for`; `dispa
 `dispatch.attention_kernels` pins or excludes kernels for the calls in a block):
 
 * the forward: on a Hopper GPU where chapter 7's kernel applies and is the faster
-  (`ch07_hopper.preferred_over_triton`), FlashAttention-3's schedule in Gluon; elsewhere on a GPU,
+  (`dispatch.hopper_forward_preferred`), FlashAttention-3's schedule in Gluon; elsewhere on a GPU,
   chapter 5's autotuned Triton kernel; on the CPU, its teaching configuration in Triton's interpreter.
   With gradients needed (autograd is recording and an input requires grad) the same kernels also
   write each row's log-sum-exp;
 * the backward: on a Hopper GPU where chapter 7's backward applies and is the faster
-  (`ch07_hopper_backward.preferred_over_triton`), its Gluon kernel, unless
+  (`dispatch.hopper_backward_preferred`), its Gluon kernel, unless
   `torch.use_deterministic_algorithms(True)` asks for reproducible gradients (its dQ is summed with
   atomic additions); elsewhere chapter 6's kernels, autotuned on a GPU;
 * a call with a sliding window alone, where chapter 7's forward would run the call without it:

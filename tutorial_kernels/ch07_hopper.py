@@ -62,17 +62,6 @@ TILES = {
 HEAD_DIMS = tuple(TILES)
 CONSUMER_REGS, LOADER_REGS = 240, 24  # registers per thread: the loader needs few, the consumers many
 # --8<-- [end:tile_sizes]
-# From how many queries and keys the model adapter prefers this kernel to chapter 5's Triton kernel
-# (`preferred_over_triton`), as measured on the H100 (data/ch05_hopper_prefill_shape.json,
-# data/ch05_hopper.json): with persistent programs from 1024, with one program per item from 2048.
-# Below that an item has few key tiles, and the loop's first and last steps, which overlap nothing,
-# weigh most. A decoding step (one query) would fill a 128-row tile with one row: left to Triton.
-MIN_KEYS_PERSISTENT = 1024
-MIN_KEYS = 2048
-# The head dimensions at which it is preferred (data/ch07_hopper_head_dims.json, H100): at 256 it led
-# chapter 5's kernel causal by up to a fifth and was within ±0.05 × cuDNN of it not causal; at 64 the two were level from
-# 4096 keys on and chapter 5's ahead below, so chapter 5's autotuned kernel keeps d = 64.
-PREFERRED_HEAD_DIMS = (128, 256)
 
 
 # --8<-- [start:work_item]
@@ -623,6 +612,11 @@ def _sm_count_and_l2_bytes(device_index: int) -> tuple[int, int]:
     return props.multi_processor_count, props.L2_cache_size
 
 
+def l2_bytes(device: torch.device) -> int:
+    """The L2 cache's size of a CUDA device in bytes, which the launch rule (`runs_persistent`) weighs K and V against."""
+    return _sm_count_and_l2_bytes(device.index)[1]
+
+
 # --8<-- [start:launch_rule]
 # Persistent programs over many heads go section by section, each section the query heads of as many
 # key/value heads as have their K and V in this share of the L2 cache (an eighth and a sixteenth
@@ -646,24 +640,6 @@ def pairs_per_section(kv_bytes: int, kv_heads: int, causal: bool, l2_bytes: int,
         return kv_heads * group_size
     return max(1, int(SECTION_L2_SHARE * l2_bytes // (kv_bytes / kv_heads))) * group_size
 # --8<-- [end:launch_rule]
-
-
-def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """Whether these CUDA inputs are long enough for this kernel to beat chapter 5's Triton kernel
-    (MIN_KEYS_PERSISTENT with persistent programs, MIN_KEYS without), at a head dimension where it
-    does (PREFERRED_HEAD_DIMS). Says nothing about whether the kernel can run them:
-    `hopper_kernel_unavailable` does."""
-    if q.shape[3] not in PREFERRED_HEAD_DIMS:
-        return False
-    n = min(q.shape[2], k.shape[2])
-    if n >= MIN_KEYS:
-        return True
-    if n < MIN_KEYS_PERSISTENT:
-        return False
-    if k.numel() == 0:
-        return False  # nothing to attend to: the Triton kernel's checks say why
-    l2_bytes = _sm_count_and_l2_bytes(q.device.index)[1]
-    return runs_persistent(2 * k.numel() * k.element_size(), k.shape[0] * k.shape[1], causal, l2_bytes)
 
 
 @functools.lru_cache(maxsize=None)
@@ -739,6 +715,5 @@ def _launch(q, k, v, causal: bool, sm_scale: float, out: torch.Tensor, lse: torc
     return out
 
 
-__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "preferred_over_triton",
-           "runs_persistent", "pairs_per_section", "band_offsets", "remembered_key", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS", "PREFERRED_HEAD_DIMS", "MIN_KEYS",
-           "MIN_KEYS_PERSISTENT"]
+__all__ = ["flash_attn_hopper", "flash_attn_hopper_with_lse", "hopper_kernel_unavailable", "check_runnable", "l2_bytes",
+           "runs_persistent", "pairs_per_section", "band_offsets", "remembered_key", "relaunch_remembered", "tma_load", "TILES", "HEAD_DIMS"]

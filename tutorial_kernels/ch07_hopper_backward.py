@@ -394,23 +394,6 @@ def _flash_hopper_bwd(q_desc, k_desc, v_desc, do_desc, stats_desc, dq_acc_ptr, d
 # --8<-- [end:kernel]
 
 
-# --8<-- [start:preferred]
-# From how many queries and keys this backward is faster than chapter 6's autotuned Triton kernels on
-# the H100, per (head_dim, causal), both timed side by side at 1024 to 4096 tokens and more
-# (docs/how-the-numbers-were-obtained.md, chapter 7): at 2048 it was ahead
-# everywhere except causal attention at d = 64 (level in float16, behind in bfloat16), which waits for
-# 4096; at 1024 its lead was small or none.
-MIN_KEYS_FOR = {(64, False): 2048, (64, True): 4096, (128, False): 2048, (128, True): 2048}
-
-
-def preferred_over_triton(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
-    """Whether these CUDA inputs are long enough for this backward to be the faster (MIN_KEYS_FOR);
-    whether it can run them is `hopper_backward_unavailable(q, k, v, do)`."""
-    min_keys = MIN_KEYS_FOR.get((q.shape[3], bool(causal)))
-    return min_keys is not None and min(q.shape[2], k.shape[2]) >= min_keys
-# --8<-- [end:preferred]
-
-
 def hopper_backward_unavailable(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> str | None:
     """None if this backward can run these (already validated) inputs, else why not: the forward's
     rules (`ch07_hopper.hopper_kernel_unavailable`) for q, k, v and do, at head_dim 64 or 128."""
@@ -491,5 +474,5 @@ def flash_attn_hopper_backward(q, k, v, o, lse, do, causal: bool, sm_scale: floa
 # --8<-- [end:launcher]
 
 
-__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "preferred_over_triton", "query_tile_stats",
-           "MIN_KEYS_FOR", "STAGES", "HEAD_DIMS", "BLOCK_M_FOR", "BLOCK_N", "CONSUMER_REGS"]
+__all__ = ["flash_attn_hopper_backward", "hopper_backward_unavailable", "query_tile_stats",
+           "STAGES", "HEAD_DIMS", "BLOCK_M_FOR", "BLOCK_N", "CONSUMER_REGS"]

@@ -8,8 +8,9 @@
 The kernels, in the order the front door prefers them where more than one can run a call:
 
 * "hopper": chapter 7's Gluon kernels (FlashAttention-3's schedule), on a Hopper GPU, head_dim 64, 128
-  or 256 (the backward 64 or 128), where they were measured faster than chapter 5's kernel
-  (`ch07_hopper.preferred_over_triton`, `ch07_hopper_backward.preferred_over_triton`);
+  or 256 (the backward 64 or 128), where they were measured faster than chapter 5's and 6's kernels:
+  the rules of `perf/rules_sm90.json` (`RULES`, `hopper_forward_preferred`, `hopper_backward_preferred`;
+  the site's "Which kernel runs a call" page shows the table with the measurement behind each rule);
 * "triton-tuned": chapter 5's forward and chapter 6's backward, tiles from the measured table, on any
   CUDA GPU;
 * "triton-interpreter": the same kernels in Triton's interpreter, on the CPU.
@@ -24,7 +25,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import NamedTuple
 
 import torch
@@ -32,6 +35,10 @@ import torch
 from tutorial_kernels import ch07_hopper, ch07_hopper_backward
 
 KERNELS = ("hopper", "triton-tuned", "triton-interpreter")  # in the order of preference
+# The rules for Hopper (sm90), one table with the measurement behind each (the only architecture with a
+# kernel of its own: elsewhere chapter 5's and 6's kernels run every call)
+RULES_FILE = Path(__file__).parent / "perf" / "rules_sm90.json"
+RULES = {name: rule["value"] for name, rule in json.loads(RULES_FILE.read_text())["rules"].items()}
 _ALLOWED: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("attention_kernels", default=None)
 
 
@@ -96,22 +103,50 @@ def _nothing_to_compute(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.numel() == 0 or k.shape[2] == 0
 
 
+def hopper_forward_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """Whether chapter 7's forward was measured faster than chapter 5's kernel on inputs like these (RULES:
+    forward_head_dims; from forward_min_keys_persistent queries and keys where its launch is persistent,
+    `ch07_hopper.runs_persistent`, from forward_min_keys otherwise). Not whether it can run them:
+    `ch07_hopper.hopper_kernel_unavailable` says that."""
+    if q.shape[3] not in RULES["forward_head_dims"]:
+        return False
+    n = min(q.shape[2], k.shape[2])
+    if n >= RULES["forward_min_keys"]:
+        return True
+    if n < RULES["forward_min_keys_persistent"] or k.numel() == 0:
+        return False
+    l2_bytes = ch07_hopper.l2_bytes(q.device)
+    return ch07_hopper.runs_persistent(2 * k.numel() * k.element_size(), k.shape[0] * k.shape[1], causal, l2_bytes)
+
+
+def _backward_min_keys(head_dim: int, causal: bool) -> int | None:
+    return RULES["backward_min_keys"].get(str(head_dim), {}).get("causal" if causal else "full")
+
+
+def hopper_backward_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool) -> bool:
+    """Whether chapter 7's backward was measured faster than chapter 6's kernels on inputs like these (RULES:
+    backward_min_keys per head dimension and mask); whether it can run them is
+    `ch07_hopper_backward.hopper_backward_unavailable`."""
+    least = _backward_min_keys(q.shape[3], causal)
+    return least is not None and min(q.shape[2], k.shape[2]) >= least
+
+
 def _hopper_not_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, backward: bool) -> str | None:
     """Why chapter 7's kernel, though it could run the call, was measured slower than chapter 5's or 6's there."""
     n = min(q.shape[2], k.shape[2])
     if backward:
-        if ch07_hopper_backward.preferred_over_triton(q, k, causal):
+        if hopper_backward_preferred(q, k, causal):
             return None
-        least = ch07_hopper_backward.MIN_KEYS_FOR.get((q.shape[3], bool(causal)))
+        least = _backward_min_keys(q.shape[3], causal)
         if least is None:
-            return f"is built for head_dim {' or '.join(map(str, ch07_hopper_backward.HEAD_DIMS))}, got {q.shape[3]}"
+            return f"is built for head_dim {' or '.join(RULES['backward_min_keys'])}, got {q.shape[3]}"
         return f"was measured faster than chapter 6's kernels from {least} keys at this head_dim, got {n}"
-    if ch07_hopper.preferred_over_triton(q, k, causal):
+    if hopper_forward_preferred(q, k, causal):
         return None
-    if q.shape[3] not in ch07_hopper.PREFERRED_HEAD_DIMS:
+    if q.shape[3] not in RULES["forward_head_dims"]:
         return f"was measured no faster than chapter 5's kernel at head_dim {q.shape[3]}"
-    return (f"was measured faster than chapter 5's kernel from {ch07_hopper.MIN_KEYS_PERSISTENT} keys where the "
-            f"K and V fit the L2 cache, and from {ch07_hopper.MIN_KEYS} otherwise, got {n}")
+    return (f"was measured faster than chapter 5's kernel from {RULES['forward_min_keys_persistent']} keys where "
+            f"the K and V fit the L2 cache, and from {RULES['forward_min_keys']} otherwise, got {n}")
 
 
 def _choose(considered: list[tuple[str, str | None]], what: str) -> Choice:
@@ -207,4 +242,4 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
 
 
 __all__ = ["attention_kernels", "allowed_kernels", "explain", "forward_choice", "backward_choice", "kernel_for",
-           "backward_kernel_for", "KERNELS"]
+           "backward_kernel_for", "hopper_forward_preferred", "hopper_backward_preferred", "KERNELS", "RULES"]

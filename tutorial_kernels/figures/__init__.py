@@ -14,14 +14,15 @@ from earlier pages):
 - `timelines` (SM timelines) and `ratios` (our best kernel against torch's backends): drawings
   shared by several pages;
 - one module per page, holding the figures that page shows first: `ch01` … `ch10`, `benchmarks`,
-  `prefill`, and `concepts` (the `concept-…` diagrams of several pages). Importing this package
+  `prefill`, `decisions`, and `concepts` (the `concept-…` diagrams of several pages). Importing this package
   imports them all, which registers every figure.
 """
 
 from __future__ import annotations
 
 # Importing a page module registers its figures.
-from tutorial_kernels.figures import benchmarks, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, concepts, prefill  # noqa: F401
+from tutorial_kernels.figures import (  # noqa: F401
+    benchmarks, ch01, ch02, ch03, ch04, ch05, ch06, ch07, ch08, ch09, ch10, concepts, decisions, prefill)
 from tutorial_kernels.figures.ch01 import reduction_bandwidth
 from tutorial_kernels.figures.ch02 import memory_vs_n, probability_heatmap, rocm_speedup, time_vs_n
 from tutorial_kernels.figures.ch04 import hbm_totals

@@ -89,7 +89,7 @@ def tutorial_flash_attention(
     (chapter 8). The others go to the front door, `tutorial_kernels.flash_attention`, which picks the
     forward (chapter 7's Hopper kernel on a Hopper GPU where it is the faster, else chapter 5's
     autotuned kernel) and, with autograd recording (training), the backward (chapter 7's where
-    `ch07_hopper_backward.preferred_over_triton`, else chapter 6's).
+    `dispatch.hopper_backward_preferred`, else chapter 6's).
     """
     if dropout:
         raise ValueError(

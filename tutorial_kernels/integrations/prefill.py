@@ -368,7 +368,7 @@ def run(models: list[str], lengths: list[int], impls: list[str], out_path: Path,
             "Timed call: model(input_ids, attention_mask=all ones, use_cache=False, logits_to_keep=1) under "
             "torch.inference_mode(); logits of the last position only, as in generate's prefill.",
             "tutorial_fa2 is tutorial_kernels.integrations.hf_attention registered with transformers.AttentionInterface: on a "
-            "Hopper GPU at head_dim 128 or 256 where ch07_hopper.preferred_over_triton says it is the faster (here from "
+            "Hopper GPU at head_dim 128 or 256 where dispatch.hopper_forward_preferred says it is the faster (here from "
             "1024 tokens), chapter 7's Hopper kernel (Gluon); "
             "otherwise chapter 5's flash_attn_v2_tuned, which autotunes at each new length during the warm-up, "
             "outside the timing.",

@@ -13,7 +13,7 @@ import types
 import pytest
 import torch
 
-from tutorial_kernels.ch07_hopper import (HEAD_DIMS, MIN_KEYS, MIN_KEYS_PERSISTENT, flash_attn_hopper,
+from tutorial_kernels.ch07_hopper import (HEAD_DIMS, flash_attn_hopper,
                                           hopper_kernel_unavailable, pairs_per_section, runs_persistent)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import ON_GPU, assert_close, poisoned, random_qkv
@@ -130,11 +130,15 @@ def test_persistent_launches_go_in_sections_of_heads_that_share_an_eighth_of_the
     assert not runs_persistent(8 * 2 * 16384 * 128 * 2, 8, True, l2)  # 64 MiB, 8 MiB per key/value head
 
 
-def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch):
-    # From MIN_KEYS_PERSISTENT queries and keys when the launch is persistent (see `runs_persistent`),
-    # from MIN_KEYS otherwise; never below. Shapes only: meta tensors, an H100's L2.
+def test_the_front_door_prefers_the_kernel_where_it_was_measured_faster(monkeypatch):
+    # The rules table (dispatch.RULES, perf/rules_sm90.json): from forward_min_keys_persistent queries and
+    # keys when the launch is persistent (see `runs_persistent`), from forward_min_keys otherwise; never
+    # below. Shapes only: meta tensors, an H100's L2.
     from tutorial_kernels import ch07_hopper
+    from tutorial_kernels.dispatch import RULES, hopper_forward_preferred
 
+    least_persistent, least = RULES["forward_min_keys_persistent"], RULES["forward_min_keys"]
+    assert (least_persistent, least, RULES["forward_head_dims"]) == (1024, 2048, [128, 256])  # as measured
     monkeypatch.setattr(ch07_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
 
     def qk(batch, heads, kv_heads, n):
@@ -142,22 +146,22 @@ def test_the_adapter_prefers_the_kernel_where_it_was_measured_faster(monkeypatch
                 torch.empty(batch, kv_heads, n, 128, dtype=torch.bfloat16, device="meta"))
 
     prefill = qk(1, 32, 8, 1500)  # K and V: 5.9 MiB, all within the L2
-    assert ch07_hopper.preferred_over_triton(*prefill, causal=True)
+    assert hopper_forward_preferred(*prefill, causal=True)
     many_heads = qk(16, 16, 16, 1500)  # K and V: 188 MiB, 0.73 MiB per head: persistent, in sections
-    assert ch07_hopper.preferred_over_triton(*many_heads, causal=True)
-    assert ch07_hopper.preferred_over_triton(*many_heads, causal=False)
-    # with a 4 MiB L2 a head's 0.73 MiB is beyond an eighth of it: one program per item, from MIN_KEYS only
+    assert hopper_forward_preferred(*many_heads, causal=True)
+    assert hopper_forward_preferred(*many_heads, causal=False)
+    # with a 4 MiB L2 a head's 0.73 MiB is beyond an eighth of it: one program per item, from forward_min_keys only
     monkeypatch.setattr(ch07_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 4 * 2**20))
-    assert not ch07_hopper.preferred_over_triton(*many_heads, causal=True)
+    assert not hopper_forward_preferred(*many_heads, causal=True)
     monkeypatch.setattr(ch07_hopper, "_sm_count_and_l2_bytes", lambda index: (132, 50 * 2**20))
-    assert not ch07_hopper.preferred_over_triton(*qk(0, 32, 8, 1500), causal=True)  # no sequence: no division
-    assert ch07_hopper.preferred_over_triton(*qk(16, 16, 16, MIN_KEYS), causal=True)
-    assert not ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT - 1), causal=True)
-    assert ch07_hopper.preferred_over_triton(*qk(1, 32, 8, MIN_KEYS_PERSISTENT), causal=True)
+    assert not hopper_forward_preferred(*qk(0, 32, 8, 1500), causal=True)  # no sequence: no division
+    assert hopper_forward_preferred(*qk(16, 16, 16, least), causal=True)
+    assert not hopper_forward_preferred(*qk(1, 32, 8, least_persistent - 1), causal=True)
+    assert hopper_forward_preferred(*qk(1, 32, 8, least_persistent), causal=True)
     # by head dimension: 256 as 128; 64, where the two kernels were level, never
     for head_dim, preferred in ((64, False), (256, True)):
         q, k = (torch.empty(4, 8, 4096, head_dim, dtype=torch.bfloat16, device="meta") for _ in range(2))
-        assert ch07_hopper.preferred_over_triton(q, k, causal=False) is preferred
+        assert hopper_forward_preferred(q, k, causal=False) is preferred
 
 NEEDS_PLOTLY = pytest.mark.skipif(importlib.util.find_spec("plotly") is None,
                                 reason="the figures need plotly (pip install -e '.[site]')")

@@ -15,8 +15,9 @@ import torch
 
 from tutorial_kernels.attention import backward_kernel_for, flash_attention
 from tutorial_kernels.ch07_hopper import flash_attn_hopper_with_lse, hopper_kernel_unavailable
-from tutorial_kernels.ch07_hopper_backward import (HEAD_DIMS, MIN_KEYS_FOR, flash_attn_hopper_backward,
-                                                   hopper_backward_unavailable, preferred_over_triton, query_tile_stats)
+from tutorial_kernels.ch07_hopper_backward import (HEAD_DIMS, flash_attn_hopper_backward, hopper_backward_unavailable,
+                                                   query_tile_stats)
+from tutorial_kernels.dispatch import RULES, hopper_backward_preferred
 from tutorial_kernels.reference import reference_attention, reference_log_sum_exp, reference_scores, relative_error
 from tutorial_kernels.testing import assert_close, grad_tolerance, random_qkv, tolerance
 from tutorial_kernels.tests.test_ch07_hopper import needs_hopper
@@ -78,18 +79,21 @@ def test_the_loaders_per_query_statistics_are_lse_in_log2_units_and_delta_padded
 
 
 def test_the_front_door_takes_it_where_it_was_measured_faster():
-    # From MIN_KEYS_FOR[head_dim, causal] keys and queries on (measured: see the constant).
+    # From backward_min_keys[head_dim][mask] keys and queries on (the rules table, perf/rules_sm90.json).
     def qk(n_q, n_k, head_dim):
         return (torch.empty(1, 8, n_q, head_dim, dtype=torch.bfloat16, device="meta"),
                 torch.empty(1, 8, n_k, head_dim, dtype=torch.bfloat16, device="meta"))
 
-    assert set(MIN_KEYS_FOR) == {(d, causal) for d in HEAD_DIMS for causal in (False, True)}
-    for (head_dim, causal), min_keys in MIN_KEYS_FOR.items():
-        assert preferred_over_triton(*qk(min_keys, min_keys, head_dim), causal=causal)
-        assert not preferred_over_triton(*qk(min_keys - 1, 16384, head_dim), causal=causal)
-        assert not preferred_over_triton(*qk(16384, min_keys - 1, head_dim), causal=causal)
-    assert MIN_KEYS_FOR[64, True] > MIN_KEYS_FOR[64, False]  # causal d = 64 was level at 2048 (bf16 behind)
-    assert not preferred_over_triton(*qk(16384, 16384, 256), causal=False)  # a head_dim it does not run
+    table = RULES["backward_min_keys"]
+    assert {int(d) for d in table} == set(HEAD_DIMS) and all(set(v) == {"full", "causal"} for v in table.values())
+    for head_dim, by_mask in table.items():
+        for mask, min_keys in by_mask.items():
+            causal = mask == "causal"
+            assert hopper_backward_preferred(*qk(min_keys, min_keys, int(head_dim)), causal=causal)
+            assert not hopper_backward_preferred(*qk(min_keys - 1, 16384, int(head_dim)), causal=causal)
+            assert not hopper_backward_preferred(*qk(16384, min_keys - 1, int(head_dim)), causal=causal)
+    assert table["64"]["causal"] > table["64"]["full"]  # causal d = 64 was level at 2048 (bf16 behind)
+    assert not hopper_backward_preferred(*qk(16384, 16384, 256), causal=False)  # a head_dim it does not run
     q = torch.randn(1, 2, 8, 128, dtype=torch.float16)
     assert backward_kernel_for(q, q, q, q, False) == "triton-interpreter"
 

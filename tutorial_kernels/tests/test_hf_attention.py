@@ -562,7 +562,9 @@ def test_prefill_benchmark_refuses_without_a_gpu(capsys):
                     reason="the Hopper kernel (Gluon) runs on compute capability 9.x GPUs only")
 def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     import tutorial_kernels.attention as adapter  # the front door, through which the adapter calls
-    from tutorial_kernels.ch07_hopper import MIN_KEYS_PERSISTENT  # causal, K and V this small: persistent
+    from tutorial_kernels.dispatch import RULES  # causal, K and V this small: persistent
+
+    MIN_KEYS_PERSISTENT = RULES["forward_min_keys_persistent"]  # noqa: N806 (the rule's value, named as on the page)
 
     calls = []  # Hopper launches: the first layer's through flash_attn_hopper, the others' remembered
     hopper, (remembered_key, relaunch) = adapter.flash_attn_hopper, adapter._RELAUNCHES["hopper"]
@@ -581,7 +583,7 @@ def test_llama_with_head_dim_128_runs_the_hopper_kernel_on_hopper(monkeypatch):
     short = token_ids(97, 1, MIN_KEYS_PERSISTENT - 1, seed)
     assert_close(logits_with(model, NAME, input_ids=short), logits_with(model, "sdpa", input_ids=short),
                  torch.bfloat16, seed=seed, what="short prompt logits vs sdpa")
-    assert len(calls) == config.num_hidden_layers, "below MIN_KEYS_PERSISTENT the Triton kernel runs, not the Hopper one"
+    assert len(calls) == config.num_hidden_layers, "below forward_min_keys_persistent the Triton kernel runs, not the Hopper one"
 
 
 def test_the_call_cost_tool_needs_a_gpu(monkeypatch):
