@@ -1,15 +1,18 @@
-"""Lab 5: write FlashAttention-2's inner loop, then its causal stage bounds (chapter 5).
+"""Lab 5: write FlashAttention-2's inner loop, its causal stage bounds, then the whole kernel (chapter 5).
 
-The lab gives the kernel (`_lab_attention_kernel`: chapter 5's minimal kernel, with the causal stages
-of the tuned one); the learner writes the three `@triton.jit` helpers it calls, one step each:
+The lab gives a kernel (`_lab_attention_kernel`: chapter 5's minimal kernel, with the causal stages
+of the tuned one); the learner writes the three `@triton.jit` helpers it calls, one step each, and
+then a whole forward kernel from its signature:
 
     ch05.mask            hide the scores a query may not see: −∞ past n_k and above the causal diagonal
     ch05.online_softmax  fold one tile of scores into the running (acc, ℓ, m): the online-softmax update
     ch05.causal_stages   where the unmasked stage ends and where the masked stage ends, for a query tile
+    ch05.kernel          the whole FlashAttention-2 forward kernel (batch, grouped-query heads, strides)
 
 Each step has a skeleton (`*_skeleton`: placeholders that fail the grader) and its solution (the
-chapter's own lines: `_flash_v2_minimal_kernel`'s mask and update, `tiling.causal_key_stages`).
-`tutorial_kernels.labs.check("ch05.<step>", fn)` grades a learner's helper.
+chapter's own code: `_flash_v2_minimal_kernel`'s mask and update, `tiling.causal_key_stages`, and
+`_flash_v2_minimal_kernel` itself). `tutorial_kernels.labs.check("ch05.<step>", fn)` grades a learner's
+function.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
+from tutorial_kernels import ch05_flash_v2
 from tutorial_kernels.labs.steps import (
-    Attempt, Failure, Mistake, Step, attention64, attention_cases, grade_attention, sm_scale,
-    tiled64, visibility)
+    Attempt, AttentionCase, Failure, Mistake, Step, attention64, attention_cases, compare, grade_attention, recognised,
+    sm_scale, tiled64, visibility)
+from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.tiling import LOG2_E, causal_key_stages, head_dim_block, key_stages
@@ -356,6 +361,125 @@ def _grade_stages(fn) -> tuple[int, int, Failure | None]:
     return len(PROBE_LENGTHS) + passed, total, failure
 
 
+# --- step 4: the whole kernel ---------------------------------------------------------------------
+
+@triton.jit
+def flash_forward_kernel_skeleton(
+    q_ptr, k_ptr, v_ptr, o_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    n_heads, group_size, n_q, n_k, head_dim, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """O = softmax(τ Q Kᵀ) V for BLOCK_M query rows of one (batch, head): program (i, bh) of the grid
+    (⌈n_q / BLOCK_M⌉, batch × n_heads) owns rows [i·BLOCK_M, (i + 1)·BLOCK_M) of (batch, head) =
+    divmod(bh, n_heads). Q, O: (batch, n_heads, n_q, head_dim); K, V: (batch, n_heads / group_size, n_k,
+    head_dim), query head h reading key/value head h // group_size; any strides (in elements).
+    qk_scale = τ · log₂e: scores times it are in log₂ units. CAUSAL: query r sees key c when
+    c ≤ r + (n_k − n_q). BLOCK_D: head_dim rounded up to a power of two. DOT_PRECISION: tl.dot's
+    input_precision. A row that sees no key gets O = 0; rows and columns past n_q and head_dim are not
+    written."""
+    # TODO: which rows and which (batch, head, key/value head) this program owns
+    # TODO: load this tile of Q once
+    # TODO: the running maximum, sum and un-normalised output
+    # TODO: loop over the key tiles any of these rows may see: scores, mask, online-softmax update
+    # TODO: normalise and store O
+    pass
+
+
+flash_forward_kernel = ch05_flash_v2._flash_v2_minimal_kernel  # the solution: the chapter's minimal kernel
+
+
+def lab_forward(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """Launch `kernel` (the signature of `flash_forward_kernel`) on q (B, H, n_q, d), k, v (B, H_kv, n_k, d)
+    as chapter 5's launcher does, with the lab's 16 × 16 tiles; O starts as NaN."""
+    batch, heads, n_q, head_dim = q.shape
+    o = torch.full_like(q, float("nan"))
+    grid = (triton.cdiv(n_q, BLOCK_M), batch * heads)
+    kernel[grid](q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(), heads, heads // k.shape[1], n_q,
+                 k.shape[2], head_dim, head_dim ** -0.5 * LOG2_E, CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
+                 BLOCK_D=head_dim_block(head_dim), DOT_PRECISION=dot_precision(q.dtype))
+    return o
+
+
+def _with_visibility(offset_of=lambda n_q, n_k: n_k - n_q, strict: bool = False):
+    """A detector: the output is softmax attention with the causal diagonal at `offset_of(n_q, n_k)`."""
+    def detect(a: Attempt) -> bool:
+        n_q, n_k = a.case.n_q, a.case.n_k
+        wrong = visibility(n_q, n_k, a.q.device, offset_of(n_q, n_k), strict=strict)
+        return a.case.causal and a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case), wrong))
+    return detect
+
+
+def _not_normalised(a: Attempt) -> bool:
+    """O = Σ_j 2^{S − m} V_j, never divided by ℓ."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    s = (a.q.double() @ a.k.double().transpose(-2, -1)) * sm_scale(a.case)
+    if a.case.causal:
+        s = s.masked_fill(~visibility(n_q, n_k, a.q.device, n_k - n_q), float("-inf"))
+    top = s.amax(dim=-1, keepdim=True)
+    return a.matches(torch.exp(s - torch.where(torch.isfinite(top), top, 0.0)) @ a.v.double())
+
+
+def _loop_stops_early(a: Attempt) -> bool:
+    """Causal, the loop over key tiles ends at the query tile's last row, (i + 1)·BLOCK_M, not shifted by n_k − n_q."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    visible = visibility(n_q, n_k, a.q.device, n_k - n_q)
+    for start_m in range(0, n_q, BLOCK_M):
+        visible[start_m:start_m + BLOCK_M, min(start_m + BLOCK_M, n_k):] = False
+    return a.case.causal and n_k > n_q and a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case), visible))
+
+
+KERNEL_MISTAKES = (
+    Mistake("unwritten", "Every element of O is still the NaN the lab filled it with: the kernel stored nothing. "
+            "It ends with tl.store of O (rows < n_q, columns < head_dim masked).",
+            lambda a: bool(torch.isnan(a.got).all())),
+    MASK_MISTAKES[0], MASK_MISTAKES[1],
+    Mistake("alignment", "The causal mask is aligned top-left (c ≤ r), right only when n_q = n_k. Bottom-right "
+            "alignment shifts the diagonal by n_k − n_q: key c is visible to query r when c ≤ r + (n_k − n_q).",
+            _with_visibility(lambda n_q, n_k: 0)),
+    Mistake("off_by_one", "Each query must see its own diagonal key: c ≤ r + (n_k − n_q), not <.",
+            _with_visibility(strict=True)),
+    Mistake("loop_end", "With n_k > n_q the last rows of a causal tile see keys past (i + 1)·BLOCK_M: the loop over "
+            "key tiles must run to min((i + 1)·BLOCK_M + (n_k − n_q), n_k), the last key the tile's last row sees.",
+            _loop_stops_early),
+    *UPDATE_MISTAKES[1:4],  # acc or ℓ not rescaled, e where 2 was meant
+    Mistake("nan", UPDATE_MISTAKES[4].hint, lambda a: bool(torch.isnan(a.got).any()) and not bool(torch.isnan(a.got).all())),
+    Mistake("not_normalised", "The output is Σ_j 2^(S − m) V_j, never divided by ℓ: after the loop, O = acc / ℓ "
+            "(with ℓ = 0, a row that saw no key, left as 0).", _not_normalised),
+)
+
+GQA_CASES = [AttentionCase(17, 70, False, torch.float32), AttentionCase(70, 17, True, torch.float32)]
+
+
+def _grade_kernel(fn) -> tuple[int, int, Failure | None]:
+    cases = attention_cases()
+    total = len(cases) + len(GQA_CASES)
+    passed, failure = grade_attention(lambda c, q, k, v: lab_forward(fn, q, k, v, c.causal), cases,
+                                      list(KERNEL_MISTAKES), "Write it in the order of the TODOs, each from the "
+                                      "chapter's equations; the earlier steps' helpers are its inner loop.")
+    if failure is not None:
+        return passed, total, failure
+    for i, case in enumerate(GQA_CASES):  # 4 query heads on 2 key/value heads, over a batch of 2
+        g = torch.Generator().manual_seed(77 + i)
+        q = torch.randn(2, 4, case.n_q, case.head_dim, generator=g).to(default_device())
+        # K and V: views of buffers with 4 heads, so a kernel that reads head h instead of h // group_size
+        # reads wrong values, not memory it does not own (a batch stride of 4 heads, too)
+        k, v = (torch.randn(2, 4, case.n_k, case.head_dim, generator=g).to(default_device())[:, :2] for _ in "kv")
+        got = lab_forward(fn, q, k, v, case.causal)
+        detail = compare(case, got, reference_attention(q, k, v, case.causal))
+        if detail is not None:
+            attempt = Attempt(case, q, k, v, got, reference_attention(q, k, v, case.causal))
+            return len(cases) + i, total, Failure(f"{case}, batch 2, 4 query heads on 2 key/value heads", detail,
+                                                  recognised(KERNEL_MISTAKES[:1], attempt) or [
+                "Batch and grouped-query heads: program axis 1 is batch × n_heads + head; the key/value head is "
+                "head // group_size; each tensor's batch and head strides place its rows."])
+    return total, total, None
+
+
 STEPS = {
     "mask": Step("ch05.mask", "hide the scores a query may not see", _grade_mask,
                  mask_scores_skeleton, mask_scores, MASK_MISTAKES),
@@ -364,7 +488,10 @@ STEPS = {
     "causal_stages": Step("ch05.causal_stages", "where the unmasked and the masked stages end", _grade_stages,
                           causal_stages_skeleton, causal_stages,
                           tuple(Mistake(n, h, lambda a: False) for n, (_, h) in STAGE_MISTAKES.items())),
+    "kernel": Step("ch05.kernel", "the whole FlashAttention-2 forward kernel", _grade_kernel,
+                   flash_forward_kernel_skeleton, flash_forward_kernel, KERNEL_MISTAKES),
 }
 
-__all__ = ["STEPS", "lab_attention", "mask_scores", "mask_scores_skeleton", "online_softmax_update",
-           "online_softmax_update_skeleton", "causal_stages", "causal_stages_skeleton", "probe_stages"]
+__all__ = ["STEPS", "lab_attention", "lab_forward", "mask_scores", "mask_scores_skeleton", "online_softmax_update",
+           "online_softmax_update_skeleton", "causal_stages", "causal_stages_skeleton", "probe_stages",
+           "flash_forward_kernel", "flash_forward_kernel_skeleton"]

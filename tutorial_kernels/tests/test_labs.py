@@ -275,3 +275,41 @@ def test_the_lab8_solutions_are_the_chapters_lines():
             code = line.split("#")[0].strip()
             if code and not code.startswith(("return", "k, v = KV_TILE(")):
                 assert code in chapter, f"{solution.__name__}: {code!r} is not in {kernel.__name__}"
+
+
+# --- lab 5's whole kernel: each planted mistake is the chapter's kernel with one slip edited in ------------
+
+PLANTED_CH05_KERNEL = [
+    ("ragged", [("visible = cols[None, :] < n_k  # the ragged last tile", "visible = cols[None, :] >= 0")]),
+    ("finite", [('s = tl.where(visible, s, float("-inf"))', "s = tl.where(visible, s, -1e9)")]),
+    ("alignment", [("visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))",
+                    "visible & (cols[None, :] <= offs_m[:, None])")]),
+    ("off_by_one", [("visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))",
+                     "visible & (cols[None, :] < offs_m[:, None] + (n_k - n_q))")]),
+    ("loop_end", [("tl.minimum((pid_m + 1) * BLOCK_M + (n_k - n_q), n_k)", "tl.minimum((pid_m + 1) * BLOCK_M, n_k)")]),
+    ("no_rescale_acc", [("acc = acc * alpha[:, None]  #", "acc = acc  #")]),
+    ("no_rescale_l", [("l_i = l_i * alpha + tl.sum(p, axis=1)", "l_i = l_i + tl.sum(p, axis=1)")]),
+    ("exp", [("p = tl.math.exp2(s - shift[:, None])", "p = tl.exp(s - shift[:, None])"),
+             ("alpha = tl.math.exp2(m_i - shift)", "alpha = tl.exp(m_i - shift)")]),
+    ("nan", [("p = tl.math.exp2(s - shift[:, None])", "p = tl.math.exp2(s - m_new[:, None])"),
+             ("alpha = tl.math.exp2(m_i - shift)", "alpha = tl.math.exp2(m_i - m_new)")]),
+    ("not_normalised", [("o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]", "o = acc")]),
+]
+
+
+@pytest.mark.parametrize("mistake, edits", PLANTED_CH05_KERNEL, ids=[m for m, _ in PLANTED_CH05_KERNEL])
+def test_a_planted_mistake_in_lab5s_whole_kernel_is_caught_with_its_hint(mistake, edits, tmp_path):
+    assert_caught_with_its_hint("ch05.kernel", _slip(tmp_path, ch05.flash_forward_kernel, *edits), mistake)
+
+
+def test_every_mistake_of_lab5s_whole_kernel_is_planted():
+    planted = {mistake for mistake, _ in PLANTED_CH05_KERNEL} | {"unwritten"}  # unwritten: the skeleton itself
+    assert planted == {m.name for m in ch05.KERNEL_MISTAKES}
+
+
+def test_a_kernel_that_ignores_the_key_value_head_fails_the_grouped_query_cases(tmp_path):
+    """Right on every case with as many key/value heads as query heads, wrong with grouped-query heads."""
+    slip = _slip(tmp_path, ch05.flash_forward_kernel, ("kv_head = head // group_size", "kv_head = head"))
+    report = check("ch05.kernel", slip, quiet=True)
+    assert not report.passed and "4 query heads on 2 key/value heads" in report.message, report.message
+    assert "head // group_size" in report.message
