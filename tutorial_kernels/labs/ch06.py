@@ -26,11 +26,13 @@ import torch
 import triton
 import triton.language as tl
 
-from tutorial_kernels.labs.steps import (DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, draw, recognised,
-                                         sm_scale)
+from tutorial_kernels.labs.gradients import (SEED, GradAttempt, describe, dq_autograd64, draw_backward,
+                                             grade_backward)
+from tutorial_kernels.labs.steps import DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, recognised, sm_scale
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import (
-    causal_mask, reference_attention, reference_log_sum_exp, reference_scores, relative_error)
+    causal_mask, expand_kv_heads, reference_attention, reference_log_sum_exp, reference_scores)
+from tutorial_kernels.runtime import default_device
 from tutorial_kernels.tiling import LOG2_E, causal_key_stages, head_dim_block, key_stages, to_log2_units
 from tutorial_kernels.tolerances import grad_tolerance, tolerance
 
@@ -40,7 +42,6 @@ BLOCK_N = 16
 # One query against 17 keys, not one against one: with a single key P = 1 and dQ = 0 whatever the lines.
 # The square case comes first: there a strict causal mask (c < r) already fails, and alignment does not.
 DQ_LENGTHS = ((17, 17), (1, 17), (70, 70), (17, 70), (70, 17))
-SEED = 2206  # the inputs of case i are drawn from SEED + i: every report can be replayed
 
 
 # --- the kernels the lab provides --------------------------------------------------------------------
@@ -140,47 +141,6 @@ def lab_dq(q, k, v, do, lse, delta, causal: bool, recompute=None, update=None) -
 
 # --- grading gradients: the cases' inputs, the float64 answers, the report ---------------------------
 
-@dataclass
-class GradAttempt:
-    """The learner's output on one case, with what a detector needs: the inputs, what the forward
-    saved (O in the input dtype, lse and Δ in float32) and the float64 answer."""
-
-    case: AttentionCase
-    q: torch.Tensor
-    k: torch.Tensor
-    v: torch.Tensor
-    do: torch.Tensor
-    o: torch.Tensor
-    lse: torch.Tensor
-    delta: torch.Tensor
-    got: torch.Tensor
-    expected: torch.Tensor
-    bound: float  # the dtype's tolerance for this quantity
-
-    def matches(self, wrong: torch.Tensor) -> bool:
-        """Whether the output is, within the dtype's tolerance, this wrong answer."""
-        return bool(torch.isfinite(self.got).all()) and relative_error(self.got, wrong) <= 3 * self.bound
-
-
-def draw_backward(case: AttentionCase, seed: int) -> dict[str, torch.Tensor]:
-    """Fresh random q, k, v and dO, and what the forward would have saved: O (rounded to the dtype), the
-    log-sum-exp (float32, −∞ for a query that sees no key) and Δ = rowsum(dO ∘ O) (float32)."""
-    q, k, v = draw(case, seed)
-    gen = torch.Generator(device=q.device).manual_seed(seed + 10_000)
-    do = torch.randn(q.shape, generator=gen, device=q.device).to(case.dtype)
-    o = reference_attention(q, k, v, case.causal).to(case.dtype)
-    lse = reference_log_sum_exp(reference_scores(q, k, case.causal)).float()
-    delta = (do.float() * o.float()).sum(dim=-1)
-    return dict(q=q, k=k, v=v, do=do, o=o, lse=lse, delta=delta)
-
-
-def dq_autograd64(q, k, v, do, causal: bool) -> torch.Tensor:
-    """dQ of the float64 reference attention for the upstream gradient dO: the answer."""
-    q64 = q.detach().double().requires_grad_()
-    reference_attention(q64, k.double(), v.double(), causal).backward(do.double())
-    return q64.grad
-
-
 def staged_visibility(n_q: int, n_k: int, masked_stage: torch.Tensor) -> torch.Tensor:
     """The (n_q, n_k) keys the lab's causal dQ kernel lets each query see when its masked stage applies
     `masked_stage`: keys before the tile's unmasked_end all, then `masked_stage` up to masked_end."""
@@ -227,51 +187,6 @@ def dq64(a: GradAttempt, p: torch.Tensor | None = None, *, dp_from_keys: bool = 
     centred = dp - delta_sign * a.delta.double()[..., None] if subtract_delta else dp
     ds = p * centred if times_p else torch.where(visited(a), centred, 0.0)
     return sm_scale(a.case) * ds @ (v if with_values else k)
-
-
-def describe(got: torch.Tensor, expected: torch.Tensor, bound: float, what: str,
-             axes: tuple[str, ...] = ("head", "query row", "column")) -> str | None:
-    """None when `got` is within `bound` (‖got − expected‖ / ‖expected‖) of `expected`; else where and by
-    how much it is wrong. `got` is (1, *axes)."""
-    err = relative_error(got, expected)
-    if err <= bound:
-        return None
-    got64, exp64 = got.double().cpu()[0], expected.double().cpu()[0]
-    diff = (got64 - exp64).abs()
-    bad = ~torch.isfinite(got64) | (diff > 10 * bound * max(1.0, exp64.abs().max().item()))
-    index = tuple(bad.nonzero()[0].tolist()) if bad.any() else tuple(torch.unravel_index(diff.argmax(), diff.shape))
-    where = ", ".join(f"{axis} {int(i)}" for axis, i in zip(axes, index))
-    lines = [f"relative error of {what} {err:.2e} > {bound:.0e} allowed for this dtype",
-             f"first wrong element: {where}: expected {exp64[index].item():+.5f}, got {got64[index].item():+.5f}"]
-    broken = int((~torch.isfinite(got64)).sum())
-    if broken:
-        lines.append(f"{broken} elements hold NaN or ±inf")
-    return "\n".join(lines)
-
-
-def grade_backward(run: Callable[[AttentionCase, dict], torch.Tensor],
-                   answer: Callable[[AttentionCase, dict], torch.Tensor], bound: Callable[[torch.dtype], float],
-                   cases: list[AttentionCase], mistakes: tuple[Mistake, ...], generic_hint: str, what: str,
-                   axes: tuple[str, ...]) -> tuple[int, int, Failure | None]:
-    """Run `run(case, inputs)` on every case in order against `answer(case, inputs)`; (cases passed,
-    cases, the first failure or None), the failure with the hints of the mistakes it looks like."""
-    for i, case in enumerate(cases):
-        x = draw_backward(case, SEED + i)
-        expected = answer(case, x)
-        try:
-            got = run(case, x)
-        except Exception as exc:  # the learner's code did not compile or run: say what Triton said
-            message = str(exc).strip().splitlines()
-            return i, len(cases), Failure(str(case), f"the kernel raised {type(exc).__name__}: "
-                                          + (message[-1] if message else ""), [generic_hint])
-        detail = describe(got, expected, bound(case.dtype), what, axes)
-        if detail is None:
-            continue
-        attempt = GradAttempt(case, **x, got=got, expected=expected, bound=bound(case.dtype))
-        hints = recognised(mistakes, attempt)
-        return i, len(cases), Failure(str(case), detail, hints or [generic_hint])
-    return len(cases), len(cases), None
-
 
 
 def _all_zero(a: GradAttempt) -> bool:
@@ -491,6 +406,236 @@ def _grade_update(fn) -> tuple[int, int, Failure | None]:
                           "(BLOCK_N, BLOCK_D).", "dQ", ("head", "query row", "column"))
 
 
+# --- step 4: the whole dK/dV kernel ---------------------------------------------------------------------
+
+@triton.jit
+def dkdv_kernel_skeleton(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """dK and dV of BLOCK_N keys of one (batch, key/value head): program (j, b·H_kv + g) of the grid
+    (⌈n_k / BLOCK_N⌉, batch × n_heads / group_size) owns key rows [j·BLOCK_N, (j + 1)·BLOCK_N) and is
+    their only writer. Q, dO: (batch, n_heads, n_q, head_dim); K, V, dK, dV: (batch, n_heads / group_size,
+    n_k, head_dim), query head h reading key/value head h // group_size; any strides (in elements). lse
+    (natural units, −∞ for a query that sees no key) and Δ = rowsum(dO ∘ O): float32, contiguous
+    (batch, n_heads, n_q). sm_scale = τ; qk_scale = τ · log₂e. CAUSAL: query r sees key c when
+    c ≤ r + (n_k − n_q). Rows past n_k and columns past head_dim are not written."""
+    # TODO: which key rows and which (batch, key/value head) this program owns; load K_j and V_j once
+    # TODO: dK_j and dV_j accumulators, float32
+    # TODO: for every query head of the group, for every query tile: recompute Pᵀ, add to dV_j and dK_j
+    # TODO: scale dK_j by τ once; store both
+    pass
+
+
+@triton.jit
+def dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_dob, stride_doh, stride_dom, stride_dod,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    n_heads, group_size, n_q, n_k, head_dim, sm_scale, qk_scale,
+    CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """The solution: chapter 6's `_attn_bwd_dkdv_kernel` with `_dkdv_from_query_tiles`' loop written in,
+    one stage (every query tile masked when CAUSAL) where the chapter splits it in two."""
+    pid_n = tl.program_id(0)
+    pid_bkv = tl.program_id(1).to(tl.int64)
+    n_kv_heads = n_heads // group_size
+    batch = pid_bkv // n_kv_heads
+    kv_head = pid_bkv % n_kv_heads
+
+    start_n = pid_n * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_ok = offs_d < head_dim
+    kv_mask = (offs_n[:, None] < n_k) & (offs_d[None, :] < head_dim)
+    k = tl.load(k_ptr + batch * stride_kb + kv_head * stride_kh + offs_n[:, None] * stride_kn
+                + offs_d[None, :] * stride_kd, mask=kv_mask, other=0.0)  # K_j, on chip for the whole program
+    v = tl.load(v_ptr + batch * stride_vb + kv_head * stride_vh + offs_n[:, None] * stride_vn
+                + offs_d[None, :] * stride_vd, mask=kv_mask, other=0.0)  # V_j, likewise
+    dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+
+    for h in range(group_size):
+        head = kv_head * group_size + h
+        q_src = q_ptr + batch * stride_qb + head * stride_qh
+        do_src = do_ptr + batch * stride_dob + head * stride_doh
+        lse_src = lse_ptr + (batch * n_heads + head) * n_q
+        delta_src = delta_ptr + (batch * n_heads + head) * n_q
+        for start_m in range(0, n_q, BLOCK_M):
+            offs_m = start_m + tl.arange(0, BLOCK_M)
+            m_ok = offs_m < n_q
+            q_t = tl.load(q_src + offs_d[:, None] * stride_qd + offs_m[None, :] * stride_qm,
+                          mask=d_ok[:, None] & m_ok[None, :], other=0.0)
+            do = tl.load(do_src + offs_m[:, None] * stride_dom + offs_d[None, :] * stride_dod,
+                         mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+            lse = tl.load(lse_src + offs_m, mask=m_ok, other=float("inf"))
+            # a query that sees no key has lse = −∞; +∞ instead makes its P = 2^(s − ∞) = 0, not ∞·0 = NaN
+            lse2 = tl.where(lse == float("-inf"), float("inf"), to_log2_units(lse))
+            delta = tl.load(delta_src + offs_m, mask=m_ok, other=0.0)
+
+            s_t = tl.dot(k, q_t, input_precision=DOT_PRECISION)  # Sᵀ = K_j Qᵢᵀ, (BLOCK_N, BLOCK_M), float32
+            p_t = tl.math.exp2(tl.minimum(s_t * qk_scale - lse2[None, :], 0.0))
+            if CAUSAL:
+                visible = offs_n[:, None] <= offs_m[None, :] + (n_k - n_q)  # bottom-right causal
+                p_t = tl.where(visible, p_t, 0.0)
+            dv = tl.dot(p_t.to(do.dtype), do, dv, input_precision=DOT_PRECISION)  # dV_j ← dV_j + Pᵀ dOᵢ
+            dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PRECISION)  # dPᵀ = V_j dOᵢᵀ, float32
+            ds_t = p_t * (dp_t - delta[None, :])  # dSᵀ = Pᵀ ∘ (dPᵀ − Δ); 0 wherever P is 0
+            dk = tl.dot(ds_t.to(q_t.dtype), tl.trans(q_t), dk, input_precision=DOT_PRECISION)  # dK_j ← dK_j + dSᵀ Qᵢ (τ: later)
+
+    dk = dk * sm_scale  # dK = τ dSᵀ Q
+    tl.store(dk_ptr + batch * stride_dkb + kv_head * stride_dkh + offs_n[:, None] * stride_dkn
+             + offs_d[None, :] * stride_dkd, dk.to(dk_ptr.dtype.element_ty), mask=kv_mask)
+    tl.store(dv_ptr + batch * stride_dvb + kv_head * stride_dvh + offs_n[:, None] * stride_dvn
+             + offs_d[None, :] * stride_dvd, dv.to(dv_ptr.dtype.element_ty), mask=kv_mask)
+
+
+def lab_dkdv(kernel, q, k, v, do, lse, delta, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dK, dV), each (B, H_kv, n_k, d), from `kernel` (the signature of `dkdv_kernel`) launched as chapter 6
+    launches its dK/dV kernel, with the lab's 16 × 16 tiles; dK and dV start as NaN."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    dk, dv = (torch.full(k.shape, float("nan"), dtype=k.dtype, device=k.device) for _ in "kv")
+    lse, delta = (t.float().contiguous() for t in (lse, delta))
+    kernel[(triton.cdiv(n_k, BLOCK_N), batch * kv_heads)](
+        q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
+        *dv.stride(), heads, heads // kv_heads, n_q, n_k, head_dim, head_dim ** -0.5, head_dim ** -0.5 * LOG2_E,
+        CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(head_dim),
+        DOT_PRECISION=dot_precision(q.dtype))
+    return dk, dv
+
+
+@dataclass
+class KVAttempt(GradAttempt):
+    """A dK/dV attempt: `which` says whether `got` is dK or dV."""
+
+    which: str = "dV"
+
+
+def _dkdv64(a: KVAttempt, p: torch.Tensor | None = None, *, subtract_delta: bool = True,
+            scale_dk: float | None = None) -> torch.Tensor:
+    """dV = Pᵀ dO or dK = τ (P ∘ (dO Vᵀ − Δ))ᵀ Q, whichever `a` holds, in float64 from `p` (the right P where
+    None), summed over each key/value head's group of query heads."""
+    p = p64(a) if p is None else p  # (B, H, n_q, n_k)
+    group = a.q.shape[1] // a.k.shape[1]
+    if a.which == "dV":
+        grad = p.transpose(-2, -1) @ a.do.double()
+    else:
+        dp = a.do.double() @ expand_kv_heads(a.v, a.q.shape[1]).double().transpose(-2, -1)
+        ds = p * (dp - a.delta.double()[..., None] if subtract_delta else dp)
+        grad = (sm_scale(a.case) if scale_dk is None else scale_dk) * ds.transpose(-2, -1) @ a.q.double()
+    return grad.unflatten(1, (a.k.shape[1], group)).sum(dim=2)  # (B, H_kv, n_k, d)
+
+
+def _dkdv_mistake(which: str | None = None, p: Callable | None = None, **kw):
+    """A detector: `which` ("dK", "dV" or either) is what `_dkdv64` gives with P from `p` and `kw`."""
+    def detect(a: KVAttempt) -> bool:
+        return (which is None or a.which == which) and a.matches(_dkdv64(a, None if p is None else p(a), **kw))
+    return detect
+
+
+def _p_visible(offset_of=None, strict: bool = False):
+    """P with the causal diagonal placed by offset_of(n_q, n_k) (None: no mask at all)."""
+    def p(a: KVAttempt) -> torch.Tensor:
+        n_q, n_k = a.case.n_q, a.case.n_k
+        if offset_of is None or not a.case.causal:  # hidden pairs too, capped at 1 as the kernel caps the exponent
+            return p64(a, torch.ones(n_q, n_k, dtype=torch.bool, device=a.q.device)).clamp(max=1.0)
+        rows = torch.arange(n_q, device=a.q.device)[:, None]
+        cols = torch.arange(n_k, device=a.q.device)[None, :]
+        off = offset_of(n_q, n_k)
+        return p64(a, cols < rows + off if strict else cols <= rows + off)
+    return p
+
+
+def _first_head_only(a: KVAttempt) -> bool:
+    """Grouped-query heads: only query head g·G of each group was summed."""
+    group = a.q.shape[1] // a.k.shape[1]
+    if group == 1:
+        return False
+    one = KVAttempt(**{**a.__dict__, "q": a.q[:, ::group], "do": a.do[:, ::group], "lse": a.lse[:, ::group],
+                       "delta": a.delta[:, ::group], "o": a.o[:, ::group]})
+    return a.matches(_dkdv64(one))
+
+
+DKDV_MISTAKES = (
+    Mistake("unwritten", "dK and dV are still the NaN the lab filled them with: the kernel stored nothing. It ends "
+            "with two tl.store calls, rows past n_k and columns past head_dim masked.",
+            lambda a: bool(torch.isnan(a.got).all())),
+    Mistake("no_mask", "The result is what you get without the causal mask: recompute Pᵀ from lse for every pair, "
+            "then zero the pairs where key c > query r + (n_k − n_q) (tl.where(visible, p_t, 0.0)).",
+            _dkdv_mistake(p=_p_visible())),
+    Mistake("alignment", "The causal mask is aligned top-left (c ≤ r): bottom-right alignment shifts it by "
+            "n_k − n_q, so key c is visible to query r when c ≤ r + (n_k − n_q).",
+            _dkdv_mistake(p=_p_visible(lambda n_q, n_k: 0))),
+    Mistake("off_by_one", "Each query sees its own diagonal key: c ≤ r + (n_k − n_q), not <.",
+            _dkdv_mistake(p=_p_visible(lambda n_q, n_k: n_k - n_q, strict=True))),
+    Mistake("no_delta", "dK is what you get from dS = P ∘ dP: the softmax's Jacobian subtracts Δ, one number per "
+            "query row, dS = P ∘ (dP − Δ) (in the transposed tile: dp_t − delta[None, :]).",
+            _dkdv_mistake("dK", subtract_delta=False)),
+    Mistake("no_scale", "dK is missing τ: S = τ Q Kᵀ, so dK = τ dSᵀ Q. Multiply once, after the loop.",
+            _dkdv_mistake("dK", scale_dk=1.0)),
+    Mistake("group", "Only the first query head of each group reached dK and dV: the key/value head is read by "
+            "group_size query heads (h = kv_head · group_size + i), and all of their contributions add up.",
+            _first_head_only),
+)
+
+
+def _kv_answer(x: dict, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """dK, dV of the float64 reference attention for dO."""
+    k64, v64 = (t.detach().double().requires_grad_() for t in (x["k"], x["v"]))
+    reference_attention(x["q"].double(), k64, v64, causal).backward(x["do"].double())
+    return k64.grad, v64.grad
+
+
+def _grade_dkdv(fn) -> tuple[int, int, Failure | None]:
+    cases = [AttentionCase(n_q, n_k, c, dtype) for dtype in DTYPES for c in (False, True) for n_q, n_k in DQ_LENGTHS]
+    gqa = [AttentionCase(17, 70, False, torch.float32), AttentionCase(70, 17, True, torch.float32)]
+    total = len(cases) + len(gqa)
+    for i, case in enumerate(cases + gqa):
+        grouped = i >= len(cases)
+        if grouped:  # batch 2, 4 query heads on 2 key/value heads, K and V strided views
+            g = torch.Generator().manual_seed(SEED + i)
+            q, do = (torch.randn(2, 4, case.n_q, case.head_dim, generator=g).to(default_device()) for _ in "qo")
+            k, v = (torch.randn(2, 4, case.n_k, case.head_dim, generator=g).to(default_device())[:, :2] for _ in "kv")
+            o = reference_attention(q, k, v, case.causal).float()
+            x = dict(q=q, k=k, v=v, do=do, o=o, lse=reference_log_sum_exp(reference_scores(q, k, case.causal)).float(),
+                     delta=(do * o).sum(dim=-1))
+        else:
+            x = draw_backward(case, SEED + i)
+        where = f"{case}" + (", batch 2, 4 query heads on 2 key/value heads" if grouped else "")
+        try:
+            dk, dv = lab_dkdv(fn, x["q"], x["k"], x["v"], x["do"], x["lse"], x["delta"], case.causal)
+        except Exception as exc:  # the learner's code did not compile or run: say what Triton said
+            message = str(exc).strip().splitlines()
+            return i, total, Failure(where, f"the kernel raised {type(exc).__name__}: " + (message[-1] if message else ""),
+                                     ["Write it in the order of the TODOs, from the chapter's equations: "
+                                      "dV = Pᵀ dO, dS = P ∘ (dP − Δ), dK = τ dSᵀ Q."])
+        want_k, want_v = _kv_answer(x, case.causal)
+        bound = grad_tolerance(case.dtype)
+        for which, got, want in (("dV", dv, want_v), ("dK", dk, want_k)):
+            detail = describe(got.flatten(0, 1)[None], want.flatten(0, 1)[None], bound, which,
+                              ("batch × key/value head", "key row", "column"))
+            if detail is not None:
+                attempt = KVAttempt(case, **x, got=got, expected=want, bound=bound, which=which)
+                return i, total, Failure(where, detail, recognised(DKDV_MISTAKES, attempt) or [
+                    "dV_j = Σ_i Pᵢⱼᵀ dOᵢ and dK_j = τ Σ_i dSᵢⱼᵀ Qᵢ over every query tile of every query head of the "
+                    "group; Pᵀ = 2^(τ·log₂e · K Qᵀ − lse·log₂e), masked; check each against the chapter."])
+    return total, total, None
+
+
 STEPS = {
     "delta": Step("ch06.delta", "Δ = rowsum(dO ∘ O), one number per query row", _grade_delta,
                   delta_rows_skeleton, delta_rows, DELTA_MISTAKES),
@@ -498,7 +643,10 @@ STEPS = {
                         recompute_p_skeleton, recompute_p, RECOMPUTE_MISTAKES),
     "dq": Step("ch06.dq", "dP, dS and one key tile's share of dQ", _grade_update,
                dq_update_skeleton, dq_update, UPDATE_MISTAKES),
+    "dkdv": Step("ch06.dkdv", "the whole dK/dV kernel", _grade_dkdv, dkdv_kernel_skeleton, dkdv_kernel,
+                 DKDV_MISTAKES),
 }
 
 __all__ = ["STEPS", "lab_delta", "lab_dq", "delta_rows", "delta_rows_skeleton", "recompute_p",
-           "recompute_p_skeleton", "dq_update", "dq_update_skeleton", "draw_backward", "dq_autograd64"]
+           "recompute_p_skeleton", "dq_update", "dq_update_skeleton", "draw_backward", "dq_autograd64", "dkdv_kernel",
+           "dkdv_kernel_skeleton", "lab_dkdv"]

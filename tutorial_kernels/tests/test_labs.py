@@ -198,7 +198,8 @@ def _slip(directory, solution, *edits):
         source = source.replace(old, new)
     name = f"planted_{directory.name}"
     path = directory / f"{name}.py"
-    path.write_text("import triton\nimport triton.language as tl\n\n\n" + source, encoding="utf-8")
+    path.write_text("import triton\nimport triton.language as tl\n\nfrom tutorial_kernels.tiling import to_log2_units\n\n\n"
+                    + source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location(name, path)
     module = sys.modules[name] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -313,3 +314,45 @@ def test_a_kernel_that_ignores_the_key_value_head_fails_the_grouped_query_cases(
     report = check("ch05.kernel", slip, quiet=True)
     assert not report.passed and "4 query heads on 2 key/value heads" in report.message, report.message
     assert "head // group_size" in report.message
+
+
+# --- lab 6's whole dK/dV kernel: each planted mistake is the solution with one slip edited in -------------
+
+PLANTED_CH06_DKDV = [
+    ("no_mask", [("p_t = tl.where(visible, p_t, 0.0)", "p_t = p_t")]),
+    ("alignment", [("offs_n[:, None] <= offs_m[None, :] + (n_k - n_q)", "offs_n[:, None] <= offs_m[None, :]")]),
+    ("off_by_one", [("offs_n[:, None] <= offs_m[None, :] + (n_k - n_q)", "offs_n[:, None] < offs_m[None, :] + (n_k - n_q)")]),
+    ("no_delta", [("ds_t = p_t * (dp_t - delta[None, :])", "ds_t = p_t * dp_t")]),
+    ("no_scale", [("dk = dk * sm_scale  #", "dk = dk  #")]),
+    ("group", [("for h in range(group_size):", "for h in range(1):")]),
+]
+
+
+@pytest.mark.parametrize("mistake, edits", PLANTED_CH06_DKDV, ids=[m for m, _ in PLANTED_CH06_DKDV])
+def test_a_planted_mistake_in_lab6s_dkdv_kernel_is_caught_with_its_hint(mistake, edits, tmp_path):
+    from tutorial_kernels.labs import ch06
+
+    assert_caught_with_its_hint("ch06.dkdv", _slip(tmp_path, ch06.dkdv_kernel, *edits), mistake)
+
+
+def test_every_mistake_of_lab6s_dkdv_kernel_is_planted():
+    from tutorial_kernels.labs import ch06
+
+    planted = {mistake for mistake, _ in PLANTED_CH06_DKDV} | {"unwritten"}  # unwritten: the skeleton itself
+    assert planted == {m.name for m in ch06.DKDV_MISTAKES}
+
+
+def test_lab6s_dkdv_solution_is_the_chapters_lines():
+    """The whole-kernel solution is chapter 6's dK/dV kernel and its inner loop, line for line (comments aside),
+    but for the one-stage loop that replaces the chapter's two."""
+    from tutorial_kernels import ch06_backward
+    from tutorial_kernels.labs import ch06
+
+    chapter = {line.split("#")[0].strip() for fn in (ch06_backward._attn_bwd_dkdv_kernel, ch06_backward._dkdv_from_query_tiles)
+               for line in inspect.getsource(fn.fn).splitlines()}
+    own = {"for start_m in range(0, n_q, BLOCK_M):", "if CAUSAL:", "d_ok = offs_d < head_dim"}  # the one stage
+    body = inspect.getsource(ch06.dkdv_kernel.fn).split('"""')[2].splitlines()
+    for line in body:
+        code = line.split("#")[0].strip()
+        if code and code not in own:
+            assert code in chapter, f"{code!r} is not in chapter 6's dK/dV kernel"
