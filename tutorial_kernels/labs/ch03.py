@@ -1,6 +1,7 @@
-"""Lab 3: write a tiled matrix product's K loop, then the online softmax's one sweep (chapter 3).
+"""Lab 3: write a tiled matrix product's K loop, the online softmax's one sweep, then its whole kernel (chapter 3).
 
-The lab gives two kernels, each calling one `@triton.jit` helper the learner writes:
+The lab gives two kernels, each calling one `@triton.jit` helper the learner writes, and then asks for a
+whole kernel (`ch03.softmax_kernel`: chapter 3's `_online_softmax_kernel`, from its signature):
 
     ch03.k_loop          walk the K axis in BLOCK_K tiles: masked loads (the ragged end of K), tl.dot
                          into a float32 accumulator, slide both windows
@@ -24,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tutorial_kernels import ch03_tiling_online_softmax
 from tutorial_kernels.labs.steps import Failure, Mistake, Step, divmod_index, recognised
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import relative_error
@@ -432,12 +434,80 @@ def _grade_online_softmax(fn) -> tuple[int, int, Failure | None]:
                  "m_new = max(m, max x), shift, ℓ = ℓ·e^{m − shift} + Σ e^{x − shift}, m = m_new.")
 
 
+# --- step 3: the whole online-softmax kernel -----------------------------------------------------------
+
+@triton.jit
+def online_softmax_kernel_skeleton(x_ptr, y_ptr, n_cols, BLOCK: tl.constexpr):
+    """Softmax of one row of a contiguous (rows, n_cols) tensor x into y (same shape and dtype): program i
+    of the grid (rows,) owns row i. Two sweeps in tiles of BLOCK entries: the first gathers the row's
+    maximum m and ℓ = Σ_j e^{x_j − m} (step 2), the second writes y_j = e^{x_j − m} / ℓ. n_cols need not
+    be a multiple of BLOCK; a row that is −∞ throughout becomes zeros."""
+    # TODO: which row this program owns, and where it starts in x and in y (rows may be long: 64-bit)
+    # TODO: the first sweep: m and ℓ
+    # TODO: the second sweep: each tile's e^{x − m} / ℓ, stored in y's dtype
+    pass
+
+
+online_softmax_kernel = ch03_tiling_online_softmax._online_softmax_kernel  # the solution: the chapter's kernel
+
+
+def _softmax_by_kernel(kernel, x: torch.Tensor) -> torch.Tensor:
+    """`kernel` (the signature of `online_softmax_kernel`) on the rows of a contiguous 2-D x; y starts as NaN."""
+    x = x.contiguous()
+    y = torch.full_like(x, float("nan"))
+    kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=BLOCK)
+    return y
+
+
+def _not_normalised(t: Trial) -> bool:
+    """y_j = e^{x_j − m}, never divided by ℓ."""
+    x = t.inputs["x"].double()
+    m = x.amax(dim=-1, keepdim=True)
+    return t.matches(torch.exp(x - torch.where(torch.isfinite(m), m, 0.0)))
+
+
+def _hidden_tile_rows_lost(t: Trial) -> bool:
+    """The rows whose first tile is all −∞ came out NaN or zero (e^{−∞ − (−∞)} in the first sweep), the others right."""
+    x = t.inputs["x"]
+    lost = torch.isnan(replay_softmax(x, guard=False)).any(dim=-1)
+    got = t.got.double().cpu()
+    bad = torch.isnan(got).any(dim=-1) | (got == 0).all(dim=-1)
+    right = softmax64(x).cpu()
+    return bool(lost.any()) and torch.equal(bad, lost) and relative_error(got[~lost], right[~lost]) <= 3 * tolerance(
+        t.case.dtype)
+
+
+_STATS_MISTAKES = {m.name: m for m in ONLINE_SOFTMAX_MISTAKES}
+SOFTMAX_KERNEL_MISTAKES = (
+    Mistake("unwritten", "Every element of y is still the NaN the lab filled it with: the kernel stored nothing. "
+            "The second sweep ends each tile with tl.store, masked at n_cols.", lambda t: bool(torch.isnan(t.got).all())),
+    Mistake("zeros", "Every row came out as zeros: ℓ ended 0 or NaN (and 1/ℓ was guarded to 0). Does ℓ accumulate "
+            "each tile's Σ e^{x − m_new}? Is the rescale factor e^{m_old − m_new}, not upside down (with m_old = −∞, "
+            "e^{m_new − m_old} = ∞ and ∞ · 0 = NaN from the first tile)?",
+            lambda t: bool(torch.isfinite(t.got).all()) and bool(t.got.abs().max() == 0)),
+    *(_STATS_MISTAKES[name] for name in ("no_rescale", "m0_zero", "ragged")),
+    Mistake("nan", _STATS_MISTAKES["nan"].hint.replace("became NaN", "was lost (NaN, or zeros)"), _hidden_tile_rows_lost),
+    Mistake("not_normalised", "The output is e^{x − m}, never divided by ℓ: every row must sum to 1. Divide by ℓ in "
+            "the second sweep (a row of −∞ has ℓ = 0: write zeros there).", _not_normalised),
+)
+
+
+def _grade_softmax_kernel(fn) -> tuple[int, int, Failure | None]:
+    return grade(softmax_cases(), draw_rows, lambda x: _softmax_by_kernel(fn, x["x"]), lambda x: softmax64(x["x"]),
+                 ("row", "column"), SOFTMAX_KERNEL_MISTAKES,
+                 "Two sweeps over the row, in tiles masked at n_cols: the first is step 2's (m and ℓ), the second "
+                 "writes e^{x − m} / ℓ; the row's start is row · n_cols, with the row id in 64 bits.")
+
+
 STEPS = {
     "k_loop": Step("ch03.k_loop", "walk the K axis of a tiled matrix product", _grade_k_loop,
                    k_loop_skeleton, k_loop, K_LOOP_MISTAKES),
     "online_softmax": Step("ch03.online_softmax", "the running max and sum of a row, in one sweep",
                            _grade_online_softmax, row_statistics_skeleton, row_statistics, ONLINE_SOFTMAX_MISTAKES),
+    "softmax_kernel": Step("ch03.softmax_kernel", "the whole online-softmax kernel", _grade_softmax_kernel,
+                           online_softmax_kernel_skeleton, online_softmax_kernel, SOFTMAX_KERNEL_MISTAKES),
 }
 
 __all__ = ["STEPS", "lab_matmul", "lab_softmax", "k_loop_skeleton", "k_loop", "row_statistics",
-           "row_statistics_skeleton", "replay_softmax", "softmax64"]
+           "row_statistics_skeleton", "replay_softmax", "softmax64", "online_softmax_kernel",
+           "online_softmax_kernel_skeleton"]

@@ -356,3 +356,30 @@ def test_lab6s_dkdv_solution_is_the_chapters_lines():
         code = line.split("#")[0].strip()
         if code and code not in own:
             assert code in chapter, f"{code!r} is not in chapter 6's dK/dV kernel"
+
+
+# --- lab 3's whole online-softmax kernel ---------------------------------------------------------------
+
+PLANTED_CH03_KERNEL = [
+    ("no_rescale", [("l = l * tl.exp(m - shift) + ", "l = l + ")]),
+    ("m0_zero", [('m = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), axis=0)',
+                  "m = tl.max(tl.zeros([BLOCK], tl.float32), axis=0)")]),
+    ("ragged", [('mask=start + cols < n_cols, other=float("-inf"))', "mask=start + cols < n_cols, other=0.0)")]),
+    ("nan", [('shift = tl.where(m_new == float("-inf"), 0.0, m_new)', "shift = m_new")]),
+    ("not_normalised", [("(tl.exp(x - shift) * inv_l)", "(tl.exp(x - shift))")]),
+    ("zeros", [("tl.exp(m - shift)", "tl.exp(shift - m)")]),  # upside down: every ℓ NaN, every row guarded to 0
+]
+
+
+@pytest.mark.parametrize("mistake, edits", PLANTED_CH03_KERNEL, ids=[m for m, _ in PLANTED_CH03_KERNEL])
+def test_a_planted_mistake_in_lab3s_whole_kernel_is_caught_with_its_hint(mistake, edits, tmp_path):
+    from tutorial_kernels.labs import ch03
+
+    assert_caught_with_its_hint("ch03.softmax_kernel", _slip(tmp_path, ch03.online_softmax_kernel, *edits), mistake)
+
+
+def test_every_mistake_of_lab3s_whole_kernel_is_planted():
+    from tutorial_kernels.labs import ch03
+
+    planted = {mistake for mistake, _ in PLANTED_CH03_KERNEL} | {"unwritten"}  # unwritten: the skeleton itself
+    assert planted == {m.name for m in ch03.SOFTMAX_KERNEL_MISTAKES}

@@ -178,6 +178,8 @@ def test_every_mistake_of_the_lab_is_planted():
     """Each typical mistake but the untouched skeleton has a planted slip above that triggers it."""
     planted = {(step, mistake) for step, _, mistake in PLANTED}
     for step in ch03.STEPS.values():
+        if step.name == "ch03.softmax_kernel":  # the whole kernel's slips are planted in test_labs.py, from its source
+            continue
         for mistake in step.mistakes:
             assert mistake.name == "unchanged" or (step.name, mistake.name) in planted, (step.name, mistake.name)
 
