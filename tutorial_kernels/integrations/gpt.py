@@ -86,10 +86,12 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig, attention: str = "tutorial"):
+    def __init__(self, config: GPTConfig, attention: str | AttentionFn = "tutorial"):
+        """attention: a name of ATTENTION, or any causal attention (q, k, v) → O of (B, H, N, d) tensors
+        (a learner's own, in lab 6's capstone)."""
         super().__init__()
-        if attention not in ATTENTION:
-            raise ValueError(f"attention must be one of {sorted(ATTENTION)}, got {attention!r}")
+        if not callable(attention) and attention not in ATTENTION:
+            raise ValueError(f"attention must be one of {sorted(ATTENTION)} or a callable, got {attention!r}")
         if config.head_dim < 16 or config.n_embd % config.n_head:
             raise ValueError(
                 f"n_embd ({config.n_embd}) must split into n_head ({config.n_head}) heads of at least 16 dims"
@@ -97,7 +99,8 @@ class GPT(nn.Module):
         self.config = config
         self.tok = nn.Embedding(config.vocab_size, config.n_embd)
         self.pos = nn.Embedding(config.block_size, config.n_embd)
-        self.blocks = nn.ModuleList(Block(config, ATTENTION[attention]) for _ in range(config.n_layer))
+        attend = attention if callable(attention) else ATTENTION[attention]
+        self.blocks = nn.ModuleList(Block(config, attend) for _ in range(config.n_layer))
         self.ln_f = nn.LayerNorm(config.n_embd)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.head.weight = self.tok.weight  # tied input and output embeddings
@@ -144,7 +147,7 @@ class CharCorpus:
 
 
 def train(
-    attention: str, steps: int, *, config: GPTConfig | None = None, batch_size: int = 8, lr: float = 3e-3,
+    attention: str | AttentionFn, steps: int, *, config: GPTConfig | None = None, batch_size: int = 8, lr: float = 3e-3,
     seed: int = 0, device: torch.device | str = "cpu", corpus: CharCorpus | None = None,
     autocast: torch.dtype | None = None, step_seconds: list[float] | None = None,
 ) -> list[float]:

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from tutorial_kernels.labs import capstone
 from tutorial_kernels.labs.gradients import (SEED, GradAttempt, describe, dq_autograd64, draw_backward,
                                              grade_backward)
 from tutorial_kernels.labs.steps import DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, recognised, sm_scale
@@ -645,6 +646,8 @@ STEPS = {
                dq_update_skeleton, dq_update, UPDATE_MISTAKES),
     "dkdv": Step("ch06.dkdv", "the whole dK/dV kernel", _grade_dkdv, dkdv_kernel_skeleton, dkdv_kernel,
                  DKDV_MISTAKES),
+    "autograd": Step("ch06.autograd", "the autograd.Function, and a GPT trained with it", capstone.grade_autograd,
+                     capstone.LabAttention_skeleton, capstone.LabAttention, capstone.AUTOGRAD_MISTAKES),
 }
 
 __all__ = ["STEPS", "lab_delta", "lab_dq", "delta_rows", "delta_rows_skeleton", "recompute_p",

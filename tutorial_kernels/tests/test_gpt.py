@@ -43,7 +43,7 @@ def test_gradients_match_torch_attention():
 def test_rejects_heads_too_small_for_the_kernels():
     with pytest.raises(ValueError, match=r"n_embd \(32\) must split into n_head \(4\) heads of at least 16 dims"):
         GPT(GPTConfig(vocab_size=10, n_embd=32, n_head=4))
-    with pytest.raises(ValueError, match=r"attention must be one of \['torch', 'tutorial'\], got 'flash'"):
+    with pytest.raises(ValueError, match=r"attention must be one of \['torch', 'tutorial'\] or a callable, got 'flash'"):
         GPT(GPTConfig(vocab_size=10), attention="flash")
 
 

@@ -383,3 +383,50 @@ def test_every_mistake_of_lab3s_whole_kernel_is_planted():
 
     planted = {mistake for mistake, _ in PLANTED_CH03_KERNEL} | {"unwritten"}  # unwritten: the skeleton itself
     assert planted == {m.name for m in ch03.SOFTMAX_KERNEL_MISTAKES}
+
+
+# --- lab 6's capstone: the autograd.Function ------------------------------------------------------------
+
+def _planted_function(forward_causal=None, backward_scale=True, keep_p=False, grads=True, arity=6):
+    """Chapter 6's Function with one slip: the forward's mask forced, the backward's scale dropped, P kept,
+    no gradients returned, or too few values returned."""
+    import torch
+
+    from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
+    from tutorial_kernels.ch06_backward import flash_attn_backward
+
+    class Planted(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal, sm_scale, tuned):
+            o, lse = flash_attn_v2_with_lse(q, k, v, causal if forward_causal is None else forward_causal, sm_scale)
+            extra = [torch.softmax(q @ k.transpose(-2, -1).repeat_interleave(q.shape[1] // k.shape[1], 1), -1)] if keep_p else []
+            ctx.save_for_backward(q, k, v, o, lse, *extra)
+            ctx.causal, ctx.sm_scale = causal, sm_scale
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors[:5]
+            dq, dk, dv = flash_attn_backward(q, k, v, o, lse, do.contiguous(), ctx.causal,
+                                             ctx.sm_scale if backward_scale else None)
+            out = (dq, dk, dv) if grads else (None, None, None)
+            return (*out, None, None, None)[:arity]
+
+    return Planted
+
+
+@pytest.mark.parametrize("mistake, slip", [("causal", dict(forward_causal=False)), ("scale", dict(backward_scale=False)),
+                                           ("saves_p", dict(keep_p=True)), ("no_grads", dict(grads=False))])
+def test_a_planted_mistake_in_lab6s_autograd_function_is_caught_with_its_hint(mistake, slip):
+    assert_caught_with_its_hint("ch06.autograd", _planted_function(**slip), mistake)
+
+
+def test_lab6s_autograd_grader_names_a_wrong_number_of_gradients():
+    report = check("ch06.autograd", _planted_function(arity=3), quiet=True)
+    assert not report.passed and "one value per forward argument" in report.message, report.message
+
+
+def test_every_mistake_of_lab6s_autograd_step_is_planted():
+    from tutorial_kernels.labs import capstone
+
+    assert {m.name for m in capstone.AUTOGRAD_MISTAKES} == {"unchanged", "causal", "scale", "saves_p", "no_grads"}
