@@ -3,6 +3,8 @@
 - `concept-window-tiles`: the tiles of S a sliding window leaves to compute, drawn from the kernel's own
   bounds (`ch09_variants.key_range`): visited with every pair seen, visited with some pairs hidden, or
   never visited; a menu picks the window.
+- `concept-work-item-ranges`: one work item of chapter 7's forward under a window, its key tiles in their
+  three ranges (`item_ranges`, the host form of `ch07_hopper._work_item`'s bounds), every pair seen or not.
 
 And measurements, from data/ch09_variants.json (the `ch09-variants` suite):
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import plotly.graph_objects as go
 
+from tutorial_kernels.ch07_hopper import band_offsets
 from tutorial_kernels.ch09_variants import band, key_range
 from tutorial_kernels.figures.concepts import (
     GRID, MASKED, NOTE, SKIPPED, UNMASKED, discrete_scale, hover, legend_entry, narrow_diagram, tile_edges, tile_span,
@@ -22,6 +25,7 @@ from tutorial_kernels.figures.ratios import FAIL_FILL, PASS_FILL
 from tutorial_kernels.figures.registry import figure
 from tutorial_kernels.figures.rows import load_data
 from tutorial_kernels.figures.style import SIZES, add_notes, concept_layout, measured_table
+
 # (label, window_size, causal)
 WINDOWS = [("causal", (-1, -1), True), ("causal, window 192", (191, -1), True),
            ("causal, window 64", (63, -1), True), ("±96, not causal", (96, 96), False), ("full", (-1, -1), False)]
@@ -92,6 +96,77 @@ def window_tile_map(n: int = 512, block_m: int = 64, block_n: int = 64) -> go.Fi
     fig.update_xaxes(showticklabels=True, range=[0, n], tickvals=tile_ticks(n, block_n, 2),
                      title=dict(text="key j", font=dict(size=SIZES["axis_title"])))
     fig.update_yaxes(showticklabels=True, range=[n, 0], tickvals=tile_ticks(n, block_m),
+                     title=dict(text="query i", font=dict(size=SIZES["axis_title"])))
+    return fig
+
+
+def item_ranges(first_row: int, n_q: int, n_k: int, window_size: tuple[int, int], causal: bool, block_m: int = 128,
+                block_n: int = 128) -> tuple[int, int, int, int]:
+    """(lo, left_full, n_full, n_tiles) of chapter 7's work item whose rows start at `first_row`, as its
+    `_work_item` computes them with WINDOW (a test checks the two agree): key tiles [lo, n_tiles) visited,
+    [left_full, n_full) unmasked."""
+    bounded, diag, edge = band_offsets(causal, window_size, n_q, n_k)
+    if bounded:
+        n_full = max(min(first_row + diag + 1, n_k), 0) // block_n
+        n_tiles = -(-max(min(first_row + block_m + diag, n_k), 0) // block_n)
+    else:
+        n_full, n_tiles = n_k // block_n, -(-n_k // block_n)
+    lo = min(max(first_row + edge, 0) // block_n, n_tiles)
+    left_full = min(max(-(-max(first_row + block_m - 1 + edge, 0) // block_n), lo), n_tiles)
+    return lo, left_full, n_full, n_tiles
+
+
+RANGE_STATES = ["not visited", "masked tile: pair hidden", "masked tile: pair seen", "unmasked tile"]
+
+
+@figure("concept-work-item-ranges")
+def work_item_ranges(n: int = 2048, first_row: int = 1024, window: int = 512, cell: int = 8) -> go.Figure:
+    """One 128-row work item of chapter 7's forward, causal with a window of `window` keys, over every key of
+    an n-token sequence: its tiles in the three ranges, each pair seen or hidden; `cell` × `cell` pairs per square."""
+    block = 128
+    lo, left_full, n_full, n_tiles = item_ranges(first_row, n, n, (window - 1, -1), True, block, block)
+    rows, keys = range(first_row, first_row + block, cell), range(0, n, cell)
+
+    def state(i: int, j: int) -> int:
+        tile = j // block
+        if not lo <= tile < n_tiles:
+            return 0
+        if left_full <= tile < n_full:
+            return 3
+        seen = first_row <= i and j <= i and j >= i - (window - 1)  # the square's first pair stands for it
+        return 2 if seen else 1
+
+    z = [[state(i, j) for j in keys] for i in rows]
+    about = [[hover(f"queries {i}–{i + cell - 1}, keys {j}–{j + cell - 1} (key tile {j // block}): "
+                    + RANGE_STATES[state(i, j)]) for j in keys] for i in rows]
+    fig = go.Figure(go.Heatmap(
+        z=z, x0=cell / 2, dx=cell, y0=first_row + cell / 2, dy=cell, zmin=0, zmax=3,
+        colorscale=discrete_scale([SKIPPED, "#fdd0a2", MASKED, UNMASKED]), showscale=False, xgap=0, ygap=0,
+        customdata=about, hovertemplate="%{customdata}<extra></extra>", name="pairs"))
+    for t in range(n // block + 1):  # tile boundaries
+        fig.add_shape(type="line", x0=t * block, x1=t * block, y0=first_row, y1=first_row + block,
+                      line=dict(color=GRID if not lo <= t <= n_tiles else "#5a6372", width=1))
+    labels = [(lo, f"lo = {lo}"), (left_full, f"left_full = {left_full}"), (n_full, f"n_full = {n_full}"),
+              (n_tiles, f"n_tiles = {n_tiles}")]
+    for k, (t, text) in enumerate(labels):
+        fig.add_annotation(x=t * block, y=first_row - 4 - 14 * (k % 2), text=text, showarrow=False, yanchor="bottom",
+                           font=dict(size=NOTE))
+    for name, colour in zip(RANGE_STATES, [SKIPPED, "#fdd0a2", MASKED, UNMASKED]):
+        fig.add_trace(legend_entry(name, colour))
+    add_notes(fig, f"Rows {first_row}–{first_row + block - 1} of a causal {n}-token sequence with a window of {window} "
+                   f"keys, 128-key tiles. Tiles [lo, left_full) cross the window's left edge and [n_full, n_tiles) "
+                   f"the diagonal: both masked; [left_full, n_full) every row sees whole: no mask. Computed by "
+                   f"<code>item_ranges</code>, the host form of <code>_work_item</code>'s bounds.")
+    narrow_diagram(fig, ticks=True, **{"margin.l": 56})
+    concept_layout(fig, "One work item under a window: the key tiles it visits, in three ranges", (
+        f"The {block} query rows of one work item of chapter 7's forward against all {n} keys, causal with a "
+        f"{window}-key window. Key tiles {lo} to {n_tiles - 1} are visited: tile {lo} crosses the window's left edge "
+        f"and is masked, tiles {left_full} to {n_full - 1} are seen whole by every row and run unmasked, and tile "
+        f"{n_full} holds the diagonal and is masked; the other tiles are never loaded."), height=380, above=40)
+    fig.update_xaxes(showticklabels=True, range=[0, n], tickvals=list(range(0, n + 1, 2 * block)),
+                     title=dict(text="key j", font=dict(size=SIZES["axis_title"])))
+    fig.update_yaxes(showticklabels=True, range=[first_row + block, first_row - 36],
+                     tickvals=[first_row, first_row + block // 2, first_row + block],
                      title=dict(text="query i", font=dict(size=SIZES["axis_title"])))
     return fig
 

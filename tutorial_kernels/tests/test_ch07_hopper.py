@@ -382,3 +382,18 @@ def test_the_output_picture_writes_each_sector_in_two_instructions_or_in_one():
         cells = [(lanes[r][c], instructions[r][c]) for r in range(16) for c in range(128)]
         per_lane = 8 if staged else 2
         assert all(cells.count(cell) == per_lane for cell in set(cells))
+
+
+@pytest.mark.parametrize("window_size, causal", [((511, -1), True), ((4095, -1), True), ((200, 77), False),
+                                                 ((63, 0), False), ((-1, 40), False)])
+@pytest.mark.parametrize("n_q, n_k", [(2048, 2048), (1100, 1100), (777, 1300), (1300, 777)])
+@NEEDS_PLOTLY
+def test_chapter_9s_picture_of_a_work_item_has_the_kernels_ranges(n_q, n_k, window_size, causal):
+    from tutorial_kernels.ch07_hopper import _work_item, band_offsets
+    from tutorial_kernels.figures.ch09 import item_ranges
+
+    kernel = _on_integers(_work_item, _IntegerGluon())
+    bounded, diag, edge = band_offsets(causal, window_size, n_q, n_k)
+    for w in range(-(-n_q // 128)):
+        item = kernel(w, 1, 1, 1, 1, n_q, n_k, diag, edge, bounded, True, 128, 128)
+        assert item_ranges(item[3], n_q, n_k, window_size, causal) == item[4:], (w, item)
