@@ -41,6 +41,7 @@ As in PyTorch, a call with `out=` does not support autograd.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -54,7 +55,7 @@ from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key,
 from tutorial_kernels.ch09_variants import flash_attn_variants, flash_attn_variants_backward, flash_attn_varlen
 from tutorial_kernels.ch07_hopper import flash_attn_hopper, flash_attn_hopper_with_lse
 from tutorial_kernels.perf.launch_plan import attention_call_key
-from tutorial_kernels.validation import check_attention_inputs, check_out, check_window_size
+from tutorial_kernels.validation import check_attention_inputs, check_out, check_window_size, validated_call
 
 MAX_HEAD_DIM = 256
 # CUDA runs at most 65535 programs along a grid's y axis, where every kernel here puts batch × heads:
@@ -266,8 +267,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
     if key is not None and pins is not None:
         key = (key, pins)  # a decision holds only under the pins it was made under
     decision = _DECISIONS.get(key) if key is not None else None
+    checked = contextlib.nullcontext()  # the chapters' launchers check their inputs; once is enough
     if decision is None:
-        scale = _checked_scale(q, k, v, causal, sm_scale, out, training)
+        shape = _checked_shape(q, k, v, causal, sm_scale, out, training)
+        scale = float(shape.sm_scale)
         if q.shape[0] * q.shape[1] > MAX_GRID_Y:  # not remembered: each slice's call is
             return _in_slices(q, k, v, causal, scale, out)
         decision = ("train" if training else kernel_for(q, k, v, causal, out=out), scale, None, None)
@@ -275,14 +278,17 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: b
             if len(_DECISIONS) >= MAX_DECISIONS:
                 _DECISIONS.clear()
             _DECISIONS[key] = decision
+        checked = validated_call(shape, q, k, v, bool(causal))
     kernel, scale, relaunch, plan = decision
     if kernel == "train":
-        return _EagerAttention.apply(q, k, v, causal, scale)[0]
+        with checked:
+            return _EagerAttention.apply(q, k, v, causal, scale)[0]
     if out is None:
         out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if plan is not None and relaunch(plan, q, k, v, out):
         return out  # the kernel's launch, remembered under its own key, which this call's key implies
-    _launch(kernel, q, k, v, out, causal, scale)  # the operator's body, without its dispatch
+    with checked:
+        _launch(kernel, q, k, v, out, causal, scale)  # the operator's body, without its dispatch
     # Equal front-door keys mean equal kernel keys (a kernel key that depends on anything else, such as
     # float32's matmul precision, is None): compute it once
     if kernel in _RELAUNCHES and key is not None:
@@ -439,6 +445,11 @@ def _in_slices(q, k, v, causal: bool, sm_scale: float, out) -> torch.Tensor:
 
 def _checked_scale(q, k, v, causal, sm_scale, out, training: bool) -> float:
     """The full checks of a call (raising TypeError / ValueError naming the argument); its scale."""
+    return float(_checked_shape(q, k, v, causal, sm_scale, out, training).sm_scale)
+
+
+def _checked_shape(q, k, v, causal, sm_scale, out, training: bool):
+    """`_checked_scale`'s checks; the call's sizes (`validation.AttentionShape`)."""
     shape = check_attention_inputs(q, k, v, causal, sm_scale, max_head_dim=MAX_HEAD_DIM, allow_gqa=True,
                                    allow_empty=True)
     if out is not None:
@@ -447,7 +458,7 @@ def _checked_scale(q, k, v, causal, sm_scale, out, training: bool) -> float:
                                "differentiation, but one of the arguments (q, k, v) requires grad; call it "
                                "without out= to train")
         check_out(out, "out", tuple(q.shape), q, any_dense_layout=True)
-    return float(shape.sm_scale)
+    return shape
 # --8<-- [end:flash_attention]
 
 

@@ -8,7 +8,10 @@ value given and what is accepted.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +54,24 @@ class UnsupportedShape(ValueError):
     ValueError stays an error."""
 
 
+# The call the front door has validated: (q, k, v, causal) by identity, and its sizes (`validated_call`)
+_VALIDATED: contextvars.ContextVar[tuple | None] = contextvars.ContextVar("validated_call", default=None)
+checks_run = 0  # full validations so far in this process (a test counts them per call)
+
+
+@contextlib.contextmanager
+def validated_call(shape: AttentionShape, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   causal: bool) -> Iterator[None]:
+    """Within the block, `check_attention_inputs` on these very tensors and flag, with the validated scale,
+    returns `shape` without checking again: a caller that validated a call (the front door) runs the
+    chapters' launchers, which check their own inputs, without paying for the same checks twice."""
+    token = _VALIDATED.set((id(q), id(k), id(v), bool(causal), shape))
+    try:
+        yield
+    finally:
+        _VALIDATED.reset(token)
+
+
 def check_attention_inputs(
     q: object,
     k: object,
@@ -69,7 +90,19 @@ def check_attention_inputs(
     `runs_triton=False` is for plain-PyTorch implementations, which run on any device and dtype.
     `allow_gqa=True` accepts k and v with fewer heads than q, as long as their count divides q's.
     `allow_empty=True` accepts a batch or a sequence length of 0 (the caller answers as PyTorch does).
+    Inside `validated_call` for the same tensors and flag, the sizes validated there (when they meet
+    these options' limits too).
     """
+    if not torch.compiler.is_compiling():  # traced, the checks run once, at trace time (no context to read)
+        done = _VALIDATED.get()
+        if done is not None and isinstance(causal, bool) and done[:4] == (id(q), id(k), id(v), causal):
+            shape = done[4]
+            if (sm_scale == shape.sm_scale and min_head_dim <= shape.head_dim <= max_head_dim
+                    and (allow_gqa or shape.kv_heads == shape.heads)
+                    and (allow_empty or min(shape.batch, shape.n_q, shape.n_k) > 0)):
+                return shape
+        global checks_run
+        checks_run += 1
     for name, tensor in (("q", q), ("k", k), ("v", v)):
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")

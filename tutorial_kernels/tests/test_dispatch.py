@@ -148,3 +148,23 @@ def test_excluding_hopper_runs_chapter_5_and_6_where_hopper_would_run():
 
 def test_the_package_exports_them():
     assert tutorial_kernels.explain is explain and tutorial_kernels.attention_kernels is attention_kernels
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
+def test_a_front_door_call_validates_its_inputs_once(grad):
+    """The front door checks a call's inputs (naming the argument on failure) and the chapter's launcher it calls
+    does not check them again (`validation.validated_call`); a repeated call reuses what it decided."""
+    from tutorial_kernels import validation
+
+    q, k, v = _qkv(n=40, grad=grad, seed=5)
+    before = validation.checks_run
+    o = flash_attention(q, k, v, causal=True)
+    assert validation.checks_run - before == 1
+    if grad:  # the backward is a call of its own: its kernels check their inputs once
+        before = validation.checks_run
+        o.sum().backward()
+        assert validation.checks_run - before == 1
+    want = reference_attention(*(t.detach() for t in (q, k, v)), causal=True)
+    assert_close(o.detach(), want, torch.float32, seed=5)
+    with pytest.raises(ValueError, match="head_dim"):  # and a bad call still fails on the first check
+        flash_attention(q[..., :8], k[..., :8], v[..., :8])
