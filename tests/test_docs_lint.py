@@ -373,3 +373,39 @@ def test_chapter_5_stays_a_chapter():
     lab notebook again."""
     lines = len((ROOT / "docs" / "chapters" / "05-flash-v2.md").read_text(encoding="utf-8").splitlines())
     assert lines <= 500, f"docs/chapters/05-flash-v2.md has {lines} lines; keep it at 500 or fewer"
+
+
+# A chapter teaches: the idea, the derivation, the code, what the measurements show, exercises. How its kernels
+# are tested, and how its numbers were obtained, are the record: one short section at most (the full account
+# lives on docs/how-the-numbers-were-obtained.md). A line is the record when it is in a section whose heading
+# says so, or names the project's own tooling rather than the idea (conftest, pytest flags, xfail).
+RECORD_HEADING = re.compile(r"^#{2,3} .*(\btest(ed|s|ing)?\b|how the numbers)", re.IGNORECASE)
+RECORD_LINE = re.compile(r"\bxfail|conftest|pytest -|--durations|\bdeselect", re.IGNORECASE)
+TEACHING_SHARE = 0.85
+
+
+def teaching_share(text: str) -> float:
+    """Non-blank lines outside record sections, and not naming the test tooling, over all non-blank lines
+    (code blocks and figures count as teaching: they show the lesson's code and results)."""
+    record = total = 0
+    in_record = False
+    for line in text.splitlines():
+        if re.match(r"^#{1,3} ", line):
+            in_record = bool(RECORD_HEADING.match(line))
+        if not line.strip():
+            continue
+        total += 1
+        record += in_record or bool(RECORD_LINE.search(line))
+    return 1 - record / max(total, 1)
+
+
+@pytest.mark.parametrize("page", sorted((ROOT / "docs" / "chapters").glob("*.md")), ids=lambda p: p.name)
+def test_every_chapter_is_mostly_teaching(page):
+    share = teaching_share(page.read_text(encoding="utf-8"))
+    assert share >= TEACHING_SHARE, (f"{page.relative_to(ROOT)}: {share:.0%} of its lines teach (at least "
+                                     f"{TEACHING_SHARE:.0%}); move testing notes to the how-the-numbers page")
+
+
+def test_the_teaching_share_counts_record_sections():
+    page = "# T\n\nidea\n\n## How it is tested\n\none\ntwo\n\n## Exercises\n\nthree\nrun with pytest -x\n"
+    assert teaching_share(page) == pytest.approx(1 - 4 / 8)  # the heading, its two lines, the pytest line
