@@ -17,18 +17,21 @@ function.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 
 from tutorial_kernels import ch05_flash_v2
 from tutorial_kernels.labs.steps import (
-    Attempt, AttentionCase, Failure, Mistake, Step, attention64, attention_cases, compare, grade_attention, recognised,
-    sm_scale, tiled64, visibility)
-from tutorial_kernels.reference import reference_attention
+    Attempt, AttentionCase, Failure, Mistake, Step, attention64, attention_cases, check_slack, compare, grade_attention,
+    recognised, sm_scale, tiled64, visibility, with_slack)
+from tutorial_kernels.reference import reference_attention, relative_error
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.runtime import default_device
 from tutorial_kernels.tiling import LOG2_E, causal_key_stages, head_dim_block, key_stages
+from tutorial_kernels.tolerances import tolerance
 
 NOTEBOOK = "05_flash_v2_lab.ipynb"  # in notebooks/labs/: starts from this module's skeletons
 BLOCK_M = 16  # small tiles: 70 keys are five tiles, the last one ragged
@@ -395,13 +398,18 @@ flash_forward_kernel = ch05_flash_v2._flash_v2_minimal_kernel  # the solution: t
 
 def lab_forward(kernel, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
     """Launch `kernel` (the signature of `flash_forward_kernel`) on q (B, H, n_q, d), k, v (B, H_kv, n_k, d)
-    as chapter 5's launcher does, with the lab's 16 × 16 tiles; O starts as NaN."""
+    as chapter 5's launcher does, with the lab's 16 × 16 tiles; O starts as NaN. O is followed by a tile's
+    worth of slack, so that a store past its end (a missing row or column mask) is reported
+    (`steps.SlackWritten`) instead of writing over memory the process does not own."""
     batch, heads, n_q, head_dim = q.shape
-    o = torch.full_like(q, float("nan"))
+    slack = BLOCK_M * head_dim_block(head_dim) + head_dim
+    buffer, flat = with_slack(q.numel(), slack, float("nan"), q.dtype, q.device)
+    o = flat.view(q.shape)
     grid = (triton.cdiv(n_q, BLOCK_M), batch * heads)
     kernel[grid](q, k, v, o, *q.stride(), *k.stride(), *v.stride(), *o.stride(), heads, heads // k.shape[1], n_q,
                  k.shape[2], head_dim, head_dim ** -0.5 * LOG2_E, CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N,
                  BLOCK_D=head_dim_block(head_dim), DOT_PRECISION=dot_precision(q.dtype))
+    check_slack(buffer, q.numel(), float("nan"), "O", "mask the store: rows ≥ n_q and columns ≥ head_dim")
     return o
 
 
@@ -433,6 +441,53 @@ def _loop_stops_early(a: Attempt) -> bool:
     return a.case.causal and n_k > n_q and a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case), visible))
 
 
+def _nan_rows(a: Attempt) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows holding NaN, rows that see no key) of the output, over (batch, head, query)."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    nan = torch.isnan(a.got).any(dim=-1)
+    sees = visibility(n_q, n_k, a.q.device, n_k - n_q).any(dim=-1) if a.case.causal else torch.ones(
+        n_q, dtype=torch.bool, device=a.q.device)
+    return nan, ~sees.expand_as(nan)
+
+
+def _nan_where_no_key(a: Attempt) -> bool:
+    """NaN only in rows that see no key (some of them at least), every other row right."""
+    nan, blind = _nan_rows(a)
+    return bool(nan.any()) and not bool((nan & ~blind).any()) and bool(torch.isfinite(a.got[~nan]).all()) and (
+        relative_error(a.got[~nan], a.expected[~nan]) <= 3 * tolerance(a.case.dtype))
+
+
+def _nan_where_keys_seen(a: Attempt) -> bool:
+    """NaN in rows that see keys (and not everywhere): rows never written, or 0 × a value read past n_k."""
+    nan, blind = _nan_rows(a)
+    return bool((nan & ~blind).any()) and not bool(torch.isnan(a.got).all())
+
+
+def _with_scale(scale_of):
+    """A detector: the output is attention with the scale `scale_of(case)` (the causal mask as it should be)."""
+    def detect(a: Attempt) -> bool:
+        n_q, n_k = a.case.n_q, a.case.n_k
+        visible = visibility(n_q, n_k, a.q.device, n_k - n_q) if a.case.causal else None
+        return a.matches(attention64(a.q, a.k, a.v, scale_of(a.case), visible))
+    return detect
+
+
+def _causal_ignored(a: Attempt) -> bool:
+    return a.case.causal and a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case)))
+
+
+def _last_tile_only(a: Attempt) -> bool:
+    """m_i never updated: α = 2^{−∞} = 0 wipes every tile but the last one a row's program visits."""
+    n_q, n_k = a.case.n_q, a.case.n_k
+    visible = visibility(n_q, n_k, a.q.device, n_k - n_q) if a.case.causal else torch.ones(
+        n_q, n_k, dtype=torch.bool, device=a.q.device)
+    for start_m in range(0, n_q, BLOCK_M):
+        hi = min(start_m + BLOCK_M + n_k - n_q, n_k) if a.case.causal else n_k
+        last = max(hi - 1, 0) // BLOCK_N * BLOCK_N
+        visible[start_m:start_m + BLOCK_M, :last] = False
+    return a.matches(attention64(a.q, a.k, a.v, sm_scale(a.case), visible))
+
+
 KERNEL_MISTAKES = (
     Mistake("unwritten", "Every element of O is still the NaN the lab filled it with: the kernel stored nothing. "
             "It ends with tl.store of O (rows < n_q, columns < head_dim masked).",
@@ -447,7 +502,18 @@ KERNEL_MISTAKES = (
             "key tiles must run to min((i + 1)·BLOCK_M + (n_k − n_q), n_k), the last key the tile's last row sees.",
             _loop_stops_early),
     *UPDATE_MISTAKES[1:4],  # acc or ℓ not rescaled, e where 2 was meant
-    Mistake("nan", UPDATE_MISTAKES[4].hint, lambda a: bool(torch.isnan(a.got).any()) and not bool(torch.isnan(a.got).all())),
+    Mistake("nan", "NaN in exactly the rows that see no key (causal, n_q > n_k): for them m = −∞ and ℓ = 0. Either "
+            "2^(s − m) formed −∞ − (−∞) (shift by tl.where(m_new == float(\"-inf\"), 0.0, m_new)), or the end divided "
+            "0 by 0 (divide by tl.where(l_i > 0.0, l_i, 1.0), leaving those rows 0).", _nan_where_no_key),
+    Mistake("nan_rows", "NaN in rows that see keys: either rows no program wrote (the lab fills O with NaN: check "
+            "how program ids become (batch, head) and rows, and that every row < n_q is stored), or 0 times a value "
+            "loaded past n_k (load V with its mask and other=0.0).", _nan_where_keys_seen),
+    Mistake("no_scale", "The output is the softmax of Q Kᵀ · ln 2: the scores were not multiplied by qk_scale "
+            "(τ · log₂e), which puts them in the log₂ units tl.math.exp2 wants.", _with_scale(lambda c: math.log(2))),
+    Mistake("causal_ignored", "The output ignores the causal mask: with CAUSAL, hide key c from query r when "
+            "c > r + (n_k − n_q), and stop the loop after the last key the tile's last row sees.", _causal_ignored),
+    Mistake("m_not_updated", "Only each program's last key tile counts: the running maximum is never updated (m_i = "
+            "m_new at the end of each iteration), so α = 2^(m_i − m_new) = 0 wipes what came before.", _last_tile_only),
     Mistake("not_normalised", "The output is Σ_j 2^(S − m) V_j, never divided by ℓ: after the loop, O = acc / ℓ "
             "(with ℓ = 0, a row that saw no key, left as 0).", _not_normalised),
 )
@@ -466,9 +532,11 @@ def _grade_kernel(fn) -> tuple[int, int, Failure | None]:
     for i, case in enumerate(GQA_CASES):  # 4 query heads on 2 key/value heads, over a batch of 2
         g = torch.Generator().manual_seed(77 + i)
         q = torch.randn(2, 4, case.n_q, case.head_dim, generator=g).to(default_device())
-        # K and V: views of buffers with 4 heads, so a kernel that reads head h instead of h // group_size
-        # reads wrong values, not memory it does not own (a batch stride of 4 heads, too)
-        k, v = (torch.randn(2, 4, case.n_k, case.head_dim, generator=g).to(default_device())[:, :2] for _ in "kv")
+        # K: a view of a buffer with 4 heads (a kernel that reads head h, not h // group_size, reads wrong values,
+        # not memory it does not own); V: (B, H_kv, d, n_k) transposed, so that its rows and columns have strides
+        # of their own (a kernel that uses K's strides for V, or ignores a column stride, reads the wrong values)
+        k = torch.randn(2, 4, case.n_k, case.head_dim, generator=g).to(default_device())[:, :2]
+        v = torch.randn(2, 2, case.head_dim, case.n_k, generator=g).to(default_device()).transpose(2, 3)
         got = lab_forward(fn, q, k, v, case.causal)
         detail = compare(case, got, reference_attention(q, k, v, case.causal))
         if detail is not None:

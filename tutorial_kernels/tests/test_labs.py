@@ -295,10 +295,18 @@ PLANTED_CH05_KERNEL = [
     ("nan", [("p = tl.math.exp2(s - shift[:, None])", "p = tl.math.exp2(s - m_new[:, None])"),
              ("alpha = tl.math.exp2(m_i - shift)", "alpha = tl.math.exp2(m_i - m_new)")]),
     ("not_normalised", [("o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]", "o = acc")]),
+    ("nan", [("o = acc / tl.where(l_i > 0.0, l_i, 1.0)[:, None]", "o = acc / l_i[:, None]")]),  # 0 / 0
+    ("nan_rows", [("tl.store(o_ptr + batch * stride_ob + head * stride_oh", "tl.store(o_ptr + batch * stride_ob")]),
+    ("no_scale", [("s = tl.dot(q, k_t, input_precision=DOT_PRECISION) * qk_scale",
+                   "s = tl.dot(q, k_t, input_precision=DOT_PRECISION)")]),
+    ("causal_ignored", [("tl.minimum((pid_m + 1) * BLOCK_M + (n_k - n_q), n_k) if CAUSAL else n_k", "n_k"),
+                        ("visible & (cols[None, :] <= offs_m[:, None] + (n_k - n_q))", "visible")]),
+    ("m_not_updated", [("        m_i = m_new\n", "        m_i = m_i\n")]),
 ]
 
 
-@pytest.mark.parametrize("mistake, edits", PLANTED_CH05_KERNEL, ids=[m for m, _ in PLANTED_CH05_KERNEL])
+@pytest.mark.parametrize("mistake, edits", PLANTED_CH05_KERNEL,
+                         ids=[f"{m}-{i}" for i, (m, _) in enumerate(PLANTED_CH05_KERNEL)])
 def test_a_planted_mistake_in_lab5s_whole_kernel_is_caught_with_its_hint(mistake, edits, tmp_path):
     assert_caught_with_its_hint("ch05.kernel", _slip(tmp_path, ch05.flash_forward_kernel, *edits), mistake)
 
@@ -306,6 +314,22 @@ def test_a_planted_mistake_in_lab5s_whole_kernel_is_caught_with_its_hint(mistake
 def test_every_mistake_of_lab5s_whole_kernel_is_planted():
     planted = {mistake for mistake, _ in PLANTED_CH05_KERNEL} | {"unwritten"}  # unwritten: the skeleton itself
     assert planted == {m.name for m in ch05.KERNEL_MISTAKES}
+
+
+def test_a_store_without_its_mask_is_reported_not_a_crash(tmp_path):
+    """Rows past n_q and columns past head_dim stored: the lab's slack after O takes them, and the report names it
+    (without the slack, Triton's interpreter writes over memory the process does not own and dies)."""
+    slip = _slip(tmp_path, ch05.flash_forward_kernel, ("o.to(o_ptr.dtype.element_ty), mask=(offs_m[:, None] < n_q) & "
+                                                       "d_ok[None, :])", "o.to(o_ptr.dtype.element_ty))"))
+    report = check("ch05.kernel", slip, quiet=True)
+    assert not report.passed and "wrote past the end of O" in report.message, report.message
+
+
+def test_a_kernel_that_reads_v_with_ks_strides_fails_the_grouped_query_cases(tmp_path):
+    slip = _slip(tmp_path, ch05.flash_forward_kernel, ("cols[:, None] * stride_vn + offs_d[None, :] * stride_vd",
+                                                       "cols[:, None] * stride_kn + offs_d[None, :] * stride_kd"))
+    report = check("ch05.kernel", slip, quiet=True)
+    assert not report.passed and "4 query heads on 2 key/value heads" in report.message, report.message
 
 
 def test_a_kernel_that_ignores_the_key_value_head_fails_the_grouped_query_cases(tmp_path):
