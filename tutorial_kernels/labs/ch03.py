@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from tutorial_kernels import ch03_tiling_online_softmax
-from tutorial_kernels.labs.steps import Failure, Mistake, Step, divmod_index, recognised
+from tutorial_kernels.labs.steps import Failure, Mistake, Step, check_slack, divmod_index, recognised, with_slack
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import relative_error
 from tutorial_kernels.runtime import default_device
@@ -454,8 +454,11 @@ online_softmax_kernel = ch03_tiling_online_softmax._online_softmax_kernel  # the
 def _softmax_by_kernel(kernel, x: torch.Tensor) -> torch.Tensor:
     """`kernel` (the signature of `online_softmax_kernel`) on the rows of a contiguous 2-D x; y starts as NaN."""
     x = x.contiguous()
-    y = torch.full_like(x, float("nan"))
+    # y followed by a tile's worth of slack: a store past its end (a missing mask) is reported, not a crash
+    buffer, flat = with_slack(x.numel(), BLOCK, float("nan"), x.dtype, x.device)
+    y = flat.view(x.shape)
     kernel[(x.shape[0],)](x, y, x.shape[1], BLOCK=BLOCK)
+    check_slack(buffer, x.numel(), float("nan"), "y", "mask the stores at n_cols")
     return y
 
 

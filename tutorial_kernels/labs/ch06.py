@@ -29,7 +29,8 @@ import triton.language as tl
 from tutorial_kernels.labs import capstone
 from tutorial_kernels.labs.gradients import (SEED, GradAttempt, describe, dq_autograd64, draw_backward,
                                              grade_backward)
-from tutorial_kernels.labs.steps import DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, recognised, sm_scale
+from tutorial_kernels.labs.steps import (DTYPES, AttentionCase, Failure, Mistake, Step, attention_cases, check_slack,
+                                         recognised, sm_scale, with_slack)
 from tutorial_kernels.precision import dot_precision
 from tutorial_kernels.reference import (
     causal_mask, expand_kv_heads, reference_attention, reference_log_sum_exp, reference_scores)
@@ -509,13 +510,18 @@ def lab_dkdv(kernel, q, k, v, do, lse, delta, causal: bool) -> tuple[torch.Tenso
     launches its dK/dV kernel, with the lab's 16 × 16 tiles; dK and dV start as NaN."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
-    dk, dv = (torch.full(k.shape, float("nan"), dtype=k.dtype, device=k.device) for _ in "kv")
+    # each followed by a tile's worth of slack: a store past its end (a missing mask) is reported, not a crash
+    slack = BLOCK_N * head_dim_block(head_dim) + head_dim
+    buffers = [with_slack(k.numel(), slack, float("nan"), k.dtype, k.device) for _ in "kv"]
+    dk, dv = (flat.view(k.shape) for _, flat in buffers)
     lse, delta = (t.float().contiguous() for t in (lse, delta))
     kernel[(triton.cdiv(n_k, BLOCK_N), batch * kv_heads)](
         q, k, v, do, lse, delta, dk, dv, *q.stride(), *k.stride(), *v.stride(), *do.stride(), *dk.stride(),
         *dv.stride(), heads, heads // kv_heads, n_q, n_k, head_dim, head_dim ** -0.5, head_dim ** -0.5 * LOG2_E,
         CAUSAL=causal, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, BLOCK_D=head_dim_block(head_dim),
         DOT_PRECISION=dot_precision(q.dtype))
+    for (buffer, _), name in zip(buffers, ("dK", "dV")):
+        check_slack(buffer, k.numel(), float("nan"), name, "mask the stores: rows ≥ n_k and columns ≥ head_dim")
     return dk, dv
 
 
