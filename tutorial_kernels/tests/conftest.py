@@ -7,6 +7,12 @@ What needs a GPU is chosen at collection time, not skipped at run time: without 
 `@pytest.mark.gpu("kind")` are deselected, and bfloat16 cases are not generated at all (`testing.KERNEL_DTYPES`:
 Triton's interpreter computes bfloat16 wrongly without an error). One line at the end of the run
 says how many tests that left out, and of which kinds.
+
+Fresh random inputs each run catch more over time, and make a rare draw possible whose error sits just past
+the peers' rule (flash-attn's: 2× / 3× PyTorch's own error) without anything being wrong. A test whose
+only failure is that ratio (`testing.PeerRuleError`; a NaN, ∞, wrong shape or any other assertion fails
+at once) runs once more on fresh inputs: it fails if the second draw fails too, and passes otherwise, named
+in one line at the end of the run with the first draw's numbers. A real error fails every draw.
 """
 
 from __future__ import annotations
@@ -19,9 +25,25 @@ import triton
 
 import tutorial_kernels  # noqa: F401  (chooses the execution mode)
 from tutorial_kernels.runtime import interpreter_active
-from tutorial_kernels.testing import ON_GPU
+from tutorial_kernels.testing import ON_GPU, PeerRuleError
 
 _NOT_COLLECTED = pytest.StashKey[Counter]()
+_SECOND_DRAWS: list[tuple[str, str]] = []  # (test, the first draw's failure) of the tests a second draw passed
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A failure of the peers' ratio alone: one more draw (see the module's docstring)."""
+    try:
+        return (yield)
+    except PeerRuleError as first:
+        args = {name: pyfuncitem.funcargs[name] for name in pyfuncitem._fixtureinfo.argnames}
+        try:
+            pyfuncitem.obj(**args)  # the test draws fresh inputs (testing.fresh_seed)
+        except PeerRuleError as second:
+            raise PeerRuleError(f"{first}\nand again on a second draw: {second}") from None
+        _SECOND_DRAWS.append((pyfuncitem.nodeid, str(first).splitlines()[0]))
+        return True
 
 
 def pytest_report_header(config):
@@ -51,6 +73,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    for nodeid, first in _SECOND_DRAWS:
+        terminalreporter.write_line(f"tutorial_kernels: passed on a second draw: {nodeid} (first draw: {first})")
     kinds = config.stash.get(_NOT_COLLECTED, Counter())
     if ON_GPU:
         parts = ", ".join(f"{kind} {n}" for kind, n in kinds.most_common())
