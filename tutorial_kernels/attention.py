@@ -47,8 +47,8 @@ import math
 import torch
 
 from tutorial_kernels import ch05_flash_v2, ch07_hopper, ch07_hopper_backward
-from tutorial_kernels.dispatch import (allowed_kernels, backward_kernel_for, kernel_for, pinned, pins_as_text,
-                                       pins_from_text)
+from tutorial_kernels.dispatch import (NoAllowedKernel, allowed_kernels, backward_kernel_for, kernel_for, pinned,
+                                       pins_as_text, pins_from_text)
 from tutorial_kernels.ch05_flash_v2 import flash_attn_v2, flash_attn_v2_tuned, flash_attn_v2_with_lse
 from tutorial_kernels.ch06_backward import compile_backward_ahead, flash_attn_backward
 from tutorial_kernels.ch08_decode import check_kvcache_inputs, kvcache_call_key, relaunch_kvcache, run_kvcache
@@ -361,7 +361,7 @@ class _HopperWindow(torch.autograd.Function):
         try:
             with pinned(ctx.allowed):
                 kernel = backward_kernel_for(q, k, v, do, ctx.causal)
-        except RuntimeError:  # pins that allow no plain backward here: chapter 9's runs windows whatever the pins
+        except NoAllowedKernel:  # pins that allow no plain backward here: chapter 9's runs windows whatever the pins
             kernel = "variants"
         if kernel == "hopper":
             grads = ch07_hopper_backward.flash_attn_hopper_backward(q, k, v, o, lse, do, ctx.causal, ctx.sm_scale,

@@ -42,8 +42,16 @@ RULES = {name: rule["value"] for name, rule in json.loads(RULES_FILE.read_text()
 _ALLOWED: contextvars.ContextVar[frozenset | None] = contextvars.ContextVar("attention_kernels", default=None)
 
 
+class NoAllowedKernel(RuntimeError):
+    """No kernel the enclosing `attention_kernels` block allows can run the call (the message says why each
+    cannot)."""
+
+
 def _names(given, what: str) -> tuple[str, ...]:
     """A kernel's name, or a list or tuple of them, as torch.nn.attention.sdpa_kernel takes its backends."""
+    if not isinstance(given, (str, list, tuple, set, frozenset)):
+        raise TypeError(f"attention_kernels: {what} must be a kernel's name or a list of names, got "
+                        f"{type(given).__name__} {given!r}")
     names = (given,) if isinstance(given, str) else tuple(given)
     for name in names:
         if name not in KERNELS:
@@ -56,8 +64,8 @@ def _names(given, what: str) -> tuple[str, ...]:
 def attention_kernels(*kernels: str | list[str] | tuple[str, ...],
                       exclude: str | list[str] | tuple[str, ...] = ()) -> Iterator[None]:
     """Within the block, the front door runs only `kernels` (names, or one list of them; all of KERNELS if
-    none are named) less `exclude` (a name or a list); a call none of them can run raises RuntimeError
-    saying why each could not. An inner block replaces the outer one's choice for its calls, as
+    none are named) less `exclude` (a name or a list); a call none of them can run raises NoAllowedKernel
+    (a RuntimeError) saying why each could not. An inner block replaces the outer one's choice for its calls, as
     torch.nn.attention.sdpa_kernel does. Raises ValueError naming an unknown kernel."""
     named = tuple(name for given in kernels for name in _names(given, "kernels"))
     allowed = frozenset(named or KERNELS) - frozenset(_names(exclude, "exclude"))
@@ -150,7 +158,7 @@ def _hopper_not_preferred(q: torch.Tensor, k: torch.Tensor, causal: bool, backwa
 
 
 def _choose(considered: list[tuple[str, str | None]], what: str) -> Choice:
-    """The first kernel that can run the call and is allowed; RuntimeError if none."""
+    """The first kernel that can run the call and is allowed; NoAllowedKernel if none."""
     allowed = _ALLOWED.get()
     marked = [(name, why if allowed is None or name in allowed or why is not None else "excluded by attention_kernels")
               for name, why in considered]
@@ -158,7 +166,7 @@ def _choose(considered: list[tuple[str, str | None]], what: str) -> Choice:
         if why is None:
             return Choice(name, tuple(marked))
     reasons = "; ".join(f"{name} {why}" for name, why in marked)
-    raise RuntimeError(f"attention_kernels: no allowed kernel runs this {what} ({reasons})")
+    raise NoAllowedKernel(f"attention_kernels: no allowed kernel runs this {what} ({reasons})")
 
 
 def _candidates(q: torch.Tensor, hopper_why) -> list[tuple[str, str | None]]:
@@ -226,7 +234,7 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
     for what in ("forward", "backward") if training else ("forward",):
         try:
             choice = forward_choice(q, k, v, causal) if what == "forward" else backward_choice(q, k, v, q, causal)
-        except RuntimeError as refused:  # nothing allowed runs it: the call raises the same, unless windowed
+        except NoAllowedKernel as refused:  # nothing allowed runs it: the call raises the same, unless windowed
             if not (windowed and what == "backward"):
                 raise
             choice = Choice("refused", (("every plain kernel", str(refused)),))
@@ -242,4 +250,5 @@ def explain(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = Fa
 
 
 __all__ = ["attention_kernels", "allowed_kernels", "explain", "forward_choice", "backward_choice", "kernel_for",
-           "backward_kernel_for", "hopper_forward_preferred", "hopper_backward_preferred", "KERNELS", "RULES"]
+           "backward_kernel_for", "hopper_forward_preferred", "hopper_backward_preferred", "NoAllowedKernel", "KERNELS",
+           "RULES"]

@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from tutorial_kernels.ch05_flash_v2 import flash_attn_v2_with_lse
-from tutorial_kernels.ch06_backward import FlashAttentionFunction, flash_attn_backward
+from tutorial_kernels.ch06_backward import FlashAttentionFunction
 from tutorial_kernels.labs.steps import AttentionCase, Failure, Mistake, recognised
 from tutorial_kernels.reference import reference_attention, relative_error
 from tutorial_kernels.runtime import default_device, interpreter_active
@@ -49,22 +48,33 @@ CASES = [  # (case, query heads, key/value heads)
 TEXT = "attention is all you need, and memory is all attention needs. " * 40
 
 
-def _run(fn, case: AttentionCase, heads: int, kv_heads: int, seed: int, scale: float = SCALE):
-    """O and (dQ, dK, dV) of fn.apply on fresh inputs, the float64 answers, and the largest saved tensor."""
+def _draw(case: AttentionCase, heads: int, kv_heads: int, seed: int) -> list[torch.Tensor]:
+    """Fresh q, k, v and dO of a case, in its dtype on the default device."""
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(1, heads, case.n_q, case.head_dim, generator=g)
     k, v = (torch.randn(1, kv_heads, case.n_k, case.head_dim, generator=g) for _ in "kv")
     do = torch.randn(1, heads, case.n_q, case.head_dim, generator=g)
-    q, k, v, do = (t.to(default_device(), case.dtype) for t in (q, k, v, do))
+    return [t.to(default_device(), case.dtype) for t in (q, k, v, do)]
+
+
+def _answer64(q, k, v, do, causal: bool, scale: float) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """O and (dQ, dK, dV) of the float64 reference attention."""
+    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    want = reference_attention(*leaves64, causal, scale)
+    want.backward(do.double())
+    return want.detach(), [t.grad for t in leaves64]
+
+
+def _run(fn, case: AttentionCase, heads: int, kv_heads: int, seed: int, scale: float = SCALE):
+    """O and (dQ, dK, dV) of fn.apply on fresh inputs, the float64 answers, and the largest saved tensor."""
+    q, k, v, do = _draw(case, heads, kv_heads, seed)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     saved = []
     with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel()) or t, lambda t: t):
         out = fn.apply(*leaves, case.causal, scale, False)
     out.backward(do)
-    leaves64 = [t.detach().double().requires_grad_() for t in (q, k, v)]
-    want = reference_attention(*leaves64, case.causal, scale)
-    want.backward(do.double())
-    return out, [t.grad for t in leaves], want.detach(), [t.grad for t in leaves64], max(saved, default=0), (q, k)
+    want, want_grads = _answer64(q, k, v, do, case.causal, scale)
+    return out, [t.grad for t in leaves], want, want_grads, max(saved, default=0), (q, k)
 
 
 AUTOGRAD_MISTAKES = (
@@ -101,8 +111,7 @@ def grade_autograd(fn) -> tuple[int, int, Failure | None]:
             if got is not None and relative_error(got, expected) <= bound:
                 continue
             trial = dict(what=what, zeros=got is None or bool((got == 0).all()),
-                         matches_other_mask=_matches_variant(fn, case, heads, kv_heads, 1806 + i, what, got, bound,
-                                                             causal=not case.causal),
+                         matches_other_mask=_matches_other_mask(case, heads, kv_heads, 1806 + i, what, got, bound),
                          right_at_default_scale=_right_at_default_scale(fn, case, heads, kv_heads, 1806 + i))
             detail = "missing (None)" if got is None else f"relative error {relative_error(got, expected):.2e} > {bound:.0e}"
             return i, total, Failure(where, f"{what}: {detail}", recognised(AUTOGRAD_MISTAKES, trial) or [
@@ -128,21 +137,14 @@ def _right_at_default_scale(fn, case, heads, kv_heads, seed) -> bool:
         g is not None and relative_error(g, w) <= grad_tolerance(case.dtype) for g, w in zip(grads, want_grads))
 
 
-def _matches_variant(fn, case, heads, kv_heads, seed, what, got, bound, *, causal=None, scale=None) -> bool:
-    """Whether `got` is the reference with the other mask or another scale: what a dropped argument gives."""
-    if got is None or (causal is not None and case.n_q == case.n_k == 1):
+def _matches_other_mask(case, heads, kv_heads, seed, what, got, bound) -> bool:
+    """Whether `got` is the reference with the other causal flag: what a dropped `causal` gives."""
+    if got is None or case.n_q == case.n_k == 1:
         return False
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(1, heads, case.n_q, case.head_dim, generator=g)
-    k, v = (torch.randn(1, kv_heads, case.n_k, case.head_dim, generator=g) for _ in "kv")
-    do = torch.randn(1, heads, case.n_q, case.head_dim, generator=g)
-    leaves = [t.to(default_device(), case.dtype).double().requires_grad_() for t in (q, k, v)]
-    wrong = reference_attention(*leaves, case.causal if causal is None else causal, SCALE if scale is None else scale)
-    if what == "O":
-        return relative_error(got, wrong.detach()) <= 3 * bound
-    wrong.backward(do.to(default_device(), case.dtype).double())
-    index = ("dQ", "dK", "dV").index(what)
-    return relative_error(got, leaves[index].grad) <= 3 * bound
+    q, k, v, do = _draw(case, heads, kv_heads, seed)
+    out, grads = _answer64(q, k, v, do, not case.causal, SCALE)
+    wrong = out if what == "O" else grads[("dQ", "dK", "dV").index(what)]
+    return relative_error(got, wrong) <= 3 * bound
 
 
 def _grade_training(fn, passed: int, total: int) -> tuple[int, int, Failure | None]:

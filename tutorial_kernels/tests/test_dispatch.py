@@ -8,8 +8,8 @@ import torch
 
 import tutorial_kernels
 from tutorial_kernels import attention_kernels, explain, flash_attention
-from tutorial_kernels.dispatch import (KERNELS, allowed_kernels, backward_kernel_for, kernel_for, pins_as_text,
-                                       pins_from_text)
+from tutorial_kernels.dispatch import (KERNELS, NoAllowedKernel, allowed_kernels, backward_kernel_for, kernel_for,
+                                       pins_as_text, pins_from_text)
 from tutorial_kernels.reference import reference_attention
 from tutorial_kernels.testing import ON_GPU, assert_close, default_device
 
@@ -45,6 +45,9 @@ def test_an_unknown_kernel_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown kernel 'h' in exclude"):
         with attention_kernels(exclude="h"):
             pass
+    with pytest.raises(TypeError, match="exclude must be a kernel's name or a list of names, got int 5"):
+        with attention_kernels(exclude=5):
+            pass
 
 
 def test_pins_round_trip_through_an_operators_argument():
@@ -56,8 +59,8 @@ def test_pins_round_trip_through_an_operators_argument():
 def test_a_call_no_allowed_kernel_runs_says_why_each_cannot():
     q, k, v = _qkv()
     with attention_kernels(exclude=("triton-interpreter",)):
-        with pytest.raises(RuntimeError, match="no allowed kernel runs this forward .*hopper needs a CUDA GPU, got the "
-                                               "CPU.*triton-interpreter excluded by attention_kernels"):
+        with pytest.raises(NoAllowedKernel, match="no allowed kernel runs this forward .*hopper needs a CUDA GPU, "
+                                                  "got the CPU.*triton-interpreter excluded by attention_kernels"):
             flash_attention(q, k, v, causal=True)
     assert torch.equal(flash_attention(q, k, v, causal=True), flash_attention(q, k, v, causal=True))  # after the block
 
